@@ -1,0 +1,40 @@
+# Set-up and checks. `make demo` and `make test` work from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU wheel of this torch is what the tests run against; pyproject keeps
+# the range loose (torch>=2.4) for users.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: venv install install-test horovod demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+venv: $(PY)
+
+install: venv
+	$(PIP) install --quiet $(TORCH_PIN)
+	$(PIP) install --quiet -e .
+
+install-test: install
+	$(PIP) install --quiet -e '.[test]'
+
+horovod: install
+	bash scripts/install-horovod.sh $(PY)
+
+demo: install
+	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
+	$(PY) examples/ddp_raydist.py --num-workers 2 --steps 20
+
+test: install-test horovod
+	$(PY) -m pytest -q
+
+bench: install
+	$(PIP) install --quiet -e '.[bench]' $(TORCH_PIN)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,128 @@
+"""Accelerator kinds: availability, pinning a device, and the matching backend.
+
+Vendor extensions (torch_npu, habana_frameworks, intel_extension_for_pytorch)
+are imported lazily; a missing extension means "not available", never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from types import ModuleType
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+KNOWN_DEVICE_TYPES = ("cuda", "npu", "xpu", "hpu", "mps", "cpu")
+
+# Extension that registers the device with torch, for kinds torch lacks natively.
+_VENDOR_EXTENSIONS = {
+    "npu": "torch_npu",
+    "hpu": "habana_frameworks.torch",
+}
+
+
+def _import_optional(name: str) -> Optional[ModuleType]:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # ImportError, or a broken vendor install raising anything
+        return None
+
+
+def device_module(device_type: str) -> Optional[ModuleType]:
+    """The ``torch.<device_type>`` module, importing its vendor extension first.
+
+    Returns None when the kind is unknown to this torch or its extension is
+    not installed.
+    """
+    if device_type in _VENDOR_EXTENSIONS and not hasattr(torch, device_type):
+        _import_optional(_VENDOR_EXTENSIONS[device_type])
+    module = getattr(torch, device_type, None)
+    return module if isinstance(module, ModuleType) else None
+
+
+def device_type_of(device: str | torch.device) -> str:
+    """``"cuda:1"`` -> ``"cuda"``; works for kinds this torch does not know."""
+    if isinstance(device, torch.device):
+        return device.type
+    return str(device).split(":", 1)[0]
+
+
+def is_device_available(device: str | torch.device) -> Tuple[bool, bool]:
+    """Return ``(is_available, is_known)`` for a device string such as ``"npu:0"``."""
+    device_type = device_type_of(device)
+    if device_type == "cpu":
+        return True, True
+    if device_type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return bool(mps is not None and mps.is_available()), True
+    if device_type in KNOWN_DEVICE_TYPES:
+        module = device_module(device_type)
+        try:
+            available = bool(module is not None and module.is_available())
+        except Exception:  # a half-installed driver stack
+            available = False
+        return available, True
+    return False, False
+
+
+def device_count(device_type: str) -> int:
+    """Number of visible devices of this kind (0 when unavailable; 1 for cpu/mps)."""
+    if device_type == "cpu":
+        return 1
+    available, known = is_device_available(device_type)
+    if not (available and known):
+        return 0
+    if device_type == "mps":
+        return 1
+    module = device_module(device_type)
+    try:
+        return int(module.device_count()) if module is not None else 0
+    except Exception:
+        return 0
+
+
+def set_device(device: str | torch.device) -> None:
+    """Make ``device`` the current device of its kind; a no-op for cpu and mps."""
+    device = str(device)
+    device_type = device_type_of(device)
+    if device_type in ("cpu", "mps"):
+        return
+    module = device_module(device_type)
+    if module is None or not hasattr(module, "set_device"):
+        raise RuntimeError(f"cannot set device {device!r}: torch.{device_type} is not available")
+    module.set_device(device)
+
+
+def _has_backend(name: str) -> bool:
+    return hasattr(dist.Backend, name.upper()) or name in getattr(dist.Backend, "backend_list", [])
+
+
+def default_backend(device_type: str) -> str:
+    """The torch.distributed backend for a device kind on the installed torch.
+
+    cuda->nccl, npu/hpu->hccl, xpu->xccl (ccl where only oneCCL bindings exist),
+    everything else (cpu, mps, unknown)->gloo.
+    """
+    if device_type == "cuda":
+        return "nccl"
+    if device_type in ("npu", "hpu"):
+        return "hccl"
+    if device_type == "xpu":
+        if _has_backend("xccl"):
+            return "xccl"
+        if importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None:
+            return "ccl"
+        warnings.warn("no xccl or oneCCL backend for xpu in this torch; using gloo")
+        return "gloo"
+    return "gloo"
+
+
+def accelerator_type() -> str:
+    """The best device kind available in this process: an accelerator, else cpu."""
+    for device_type in ("cuda", "npu", "xpu", "hpu", "mps"):
+        if is_device_available(device_type)[0]:
+            return device_type
+    return "cpu"

@@ -1,0 +1,111 @@
+"""Errors a worker group raises, with enough detail to act on.
+
+A failure names the rank, node and pid, and carries either the remote
+traceback or how the process died. The earliest failure is the root cause
+(torchrun's rule); identical tracebacks on many ranks are printed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """One rank that failed."""
+
+    rank: int
+    node_id: str
+    node_ip: str
+    pid: int
+    timestamp: float
+    traceback: Optional[str] = None  # set when the user's code raised
+    exit_code: Optional[int] = None  # set when the code called sys.exit(n != 0)
+    died: Optional[str] = None  # set when the process died (killed, crashed)
+    exception_type: Optional[str] = None
+
+    @property
+    def crashed(self) -> bool:
+        """The process died, as opposed to raising or exiting."""
+        return self.died is not None
+
+    def describe(self) -> str:
+        if self.traceback is not None:
+            return self.traceback.rstrip()
+        if self.exit_code is not None:
+            return f"exited with status {self.exit_code}"
+        return f"process died: {self.died}"
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> str:
+    """Failures grouped by identical detail, the root cause first."""
+    groups: Dict[str, List[WorkerFailure]] = {}
+    for failure in sorted(failures, key=lambda f: (f is not root, f.rank)):
+        groups.setdefault(failure.describe(), []).append(failure)
+    lines = []
+    for detail, members in groups.items():
+        ranks = [m.rank for m in members]
+        where = "; ".join(sorted({f"node {m.node_id[:12]} ({m.node_ip})" for m in members}))
+        pids = ", ".join(str(m.pid) for m in members)
+        tag = " [root cause]" if root in members else ""
+        lines.append(f"--- {_ranks_text(ranks)}{tag} on {where}, pid {pids}:")
+        lines.append(detail)
+    return "\n".join(lines)
+
+
+class WorkerGroupError(RuntimeError):
+    """One or more ranks failed; the whole group was torn down."""
+
+    def __init__(self, failures: Sequence[WorkerFailure], attempts: Sequence["WorkerGroupError"] = ()):
+        if not failures:
+            raise ValueError("a WorkerGroupError needs at least one failure")
+        self.failures: List[WorkerFailure] = sorted(failures, key=lambda f: f.rank)
+        self.root_cause: WorkerFailure = min(failures, key=lambda f: (f.timestamp, f.rank))
+        self.attempts: Tuple[WorkerGroupError, ...] = tuple(attempts)
+        super().__init__(self._message())
+
+    @property
+    def failed_ranks(self) -> List[int]:
+        return [f.rank for f in self.failures]
+
+    @property
+    def crashed(self) -> bool:
+        """The root cause is a process that died, not code that raised."""
+        return self.root_cause.crashed
+
+    def _message(self) -> str:
+        root = self.root_cause
+        head = (
+            f"{len(self.failures)} rank(s) failed: {self.failed_ranks}; root cause: rank {root.rank} "
+            f"on node {root.node_id[:12]} ({root.node_ip}), pid {root.pid}"
+        )
+        parts = [head]
+        if self.attempts:
+            parts.append(f"after {len(self.attempts) + 1} attempts; earlier root causes:")
+            for number, attempt in enumerate(self.attempts):
+                cause = attempt.root_cause
+                last_line = cause.describe().splitlines()[-1] if cause.describe() else ""
+                parts.append(f"  attempt {number}: rank {cause.rank}: {last_line}")
+        parts.append(format_failures(self.failures, root))
+        return "\n".join(parts)
+
+
+class WorkerGroupTimeout(TimeoutError):
+    """The call did not finish in time; the group was torn down."""
+
+    def __init__(self, timeout: float, unfinished_ranks: Sequence[int]):
+        self.timeout = timeout
+        self.unfinished_ranks: List[int] = sorted(unfinished_ranks)
+        super().__init__(
+            f"timed out after {timeout:g} s; {_ranks_text(self.unfinished_ranks)} had not finished"
+        )
+
+
+class InfeasibleResourcesError(RuntimeError):
+    """The cluster cannot (or did not in time) provide the requested workers."""
+

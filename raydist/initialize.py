@@ -1,0 +1,200 @@
+"""Process-group initialization shared by every launcher.
+
+``init_distributed()`` is what each worker runs before the user's code, whether
+it was started by torchrun, SLURM, horovodrun or raydist's Ray actor pool.
+It returns an immutable ``DistInfo`` record that the object collectives and
+``get_context()`` read.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from raydist.devices import (
+    accelerator_type,
+    default_backend,
+    device_type_of,
+    is_device_available,
+    set_device,
+)
+from raydist.environment import is_using_distributed, read_world_info
+
+HOROVOD_INSTALL_HINT = (
+    "horovod is not installed: install it with scripts/install-horovod.sh "
+    "(horovod 0.28.1 needs a C++17 patch to build against current torch), "
+    "or `pip install 'raydist[horovod]'` where a compatible wheel exists"
+)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands in the job, after initialization."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    device: str = "cpu"
+    backend: Optional[str] = None
+    distributed: bool = False
+    horovod: bool = False
+
+    def is_master(self, local: bool = False) -> bool:
+        """True on global rank 0 (or local rank 0 with ``local=True``)."""
+        return (self.local_rank if local else self.rank) == 0
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+
+_lock = threading.Lock()
+_context: Optional[DistInfo] = None
+
+
+def import_horovod() -> ModuleType:
+    """``horovod.torch``, or an ImportError that says how to install it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as error:
+        raise ImportError(HOROVOD_INSTALL_HINT) from error
+    return hvd
+
+
+def _resolve_device(device: Optional[str]) -> str:
+    device = device or accelerator_type()
+    available, known = is_device_available(device)
+    if not known:
+        warnings.warn(f"Device {device} was not known and checked for availability, trying anyway.")
+    elif not available:
+        warnings.warn(f"Device {device} was not available, falling back to CPU.")
+        device = "cpu"
+    return device
+
+
+def _init_torch_distributed(
+    backend: str, dist_url: Optional[str], timeout: Optional[datetime.timedelta]
+) -> None:
+    kwargs: dict = {"backend": backend, "init_method": dist_url or "env://"}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if "SLURM_PROCID" in os.environ:
+        # SLURM sets no torch variables: pass rank/size explicitly, and export
+        # them so later code (and torch helpers) see the torchrun names.
+        world = read_world_info()
+        os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
+        os.environ.setdefault("RANK", str(world.rank))
+        os.environ.setdefault("WORLD_SIZE", str(world.world_size))
+        kwargs.update(rank=world.rank, world_size=world.world_size)
+    dist.init_process_group(**kwargs)
+
+
+def init_distributed(
+    device: Optional[str] = None,
+    backend: Optional[str] = None,
+    dist_url: Optional[str] = None,
+    horovod: bool = False,
+    no_set_device_rank: bool = False,
+    timeout: Union[None, float, datetime.timedelta] = None,
+) -> DistInfo:
+    """Initialise torch.distributed (or horovod) from the launcher environment.
+
+    ``device`` is ``"cuda"``, ``"npu:1"``, ... or None for the best available
+    kind; an unavailable device falls back to CPU with a warning. ``backend``
+    defaults to the device's (nccl, hccl, xccl, gloo). Without launcher
+    variables (world size 1) nothing is initialised. In distributed mode the
+    device index is replaced by the local rank unless ``no_set_device_rank``.
+    Calling it again returns the existing record.
+    """
+    global _context
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    with _lock:
+        if _context is not None:
+            return _context
+        device = _resolve_device(device)
+        device_type = device_type_of(device)
+        world = read_world_info()
+        distributed = False
+        if horovod:
+            hvd = import_horovod()
+            hvd.init()
+            world = world.__class__(
+                rank=hvd.rank(),
+                local_rank=hvd.local_rank(),
+                world_size=hvd.size(),
+                local_world_size=hvd.local_size(),
+                node_rank=hvd.cross_rank(),
+            )
+            backend, distributed = "horovod", True
+        elif is_using_distributed():
+            backend = backend or default_backend(device_type)
+            if not dist.is_initialized():  # a script may have initialised it itself
+                _init_torch_distributed(backend, dist_url, timeout)
+            backend = str(dist.get_backend())
+            # The process group is the truth; the environment may be stale.
+            world = world.__class__(
+                rank=dist.get_rank(),
+                local_rank=world.local_rank,
+                world_size=dist.get_world_size(),
+                local_world_size=world.local_world_size,
+                node_rank=world.node_rank,
+            )
+            distributed = True
+        else:
+            world = world.__class__()
+            backend = None
+
+        if distributed and not no_set_device_rank and device_type not in ("cpu", "mps"):
+            if ":" in device:
+                warnings.warn(f"device index removed from {device}: using local rank {world.local_rank}")
+            device = f"{device_type}:{world.local_rank}"
+            set_device(device)
+
+        _context = DistInfo(
+            rank=world.rank,
+            local_rank=world.local_rank,
+            world_size=world.world_size,
+            local_world_size=world.local_world_size,
+            node_rank=world.node_rank,
+            device=device,
+            backend=backend,
+            distributed=distributed,
+            horovod=horovod,
+        )
+        return _context
+
+
+def get_context() -> DistInfo:
+    """The record of this process, once ``init_distributed()`` has run.
+
+    Outside any launcher (world size 1) it is the single-process record.
+    """
+    if _context is not None:
+        return _context
+    if is_using_distributed():
+        raise RuntimeError(
+            "raydist is not initialised in this process: call raydist.init_distributed() first"
+        )
+    return DistInfo()
+
+
+def shutdown() -> None:
+    """Tear down what ``init_distributed()`` set up; harmless when nothing was."""
+    global _context
+    with _lock:
+        context, _context = _context, None
+        if context is not None and context.horovod:
+            import_horovod().shutdown()
+        elif dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

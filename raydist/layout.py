@@ -1,0 +1,88 @@
+"""Ranks that match the hardware, from where Ray actually placed each worker.
+
+Pure functions (no Ray calls), so the rules are easy to read and test:
+nodes are told apart by node id (several raylets may share an IP), the
+driver's node comes first, and workers on a node are ordered by their lowest
+accelerator id, so that ``local_rank`` indexes the worker's own device in the
+node-wide visible-devices list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a started worker reports about itself."""
+
+    index: int  # position of the actor in the group's actor list
+    node_id: str
+    node_ip: str
+    pid: int
+    accelerator_ids: Tuple[str, ...]
+    free_port: int
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker of a group: where it runs and which rank it holds."""
+
+    rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    node_id: str
+    node_ip: str
+    pid: int
+    device_ids: Tuple[str, ...]  # this worker's accelerator ids as Ray assigned them
+    visible_device_ids: Tuple[str, ...]  # all of the node's ids, ordered by local rank
+    actor_index: int
+
+
+def _id_key(device_id: str) -> Tuple[int, object]:
+    return (0, int(device_id)) if device_id.isdigit() else (1, device_id)
+
+
+def _worker_key(placement: Placement) -> Tuple[object, ...]:
+    ids = sorted(placement.accelerator_ids, key=_id_key)
+    return (0, _id_key(ids[0]), placement.index) if ids else (1, (0, 0), placement.index)
+
+
+def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str]) -> List[WorkerInfo]:
+    """Give each placed worker its rank; the result is ordered by rank."""
+    by_node: Dict[str, List[Placement]] = {}
+    for placement in placements:
+        by_node.setdefault(placement.node_id, []).append(placement)
+    # Driver's node first; the rest in a stable order (first actor placed there).
+    node_order = sorted(
+        by_node,
+        key=lambda node: (node != driver_node_id, min(p.index for p in by_node[node])),
+    )
+    workers: List[WorkerInfo] = []
+    for node_rank, node_id in enumerate(node_order):
+        members = sorted(by_node[node_id], key=_worker_key)
+        visible = tuple(
+            device_id
+            for member in members
+            for device_id in sorted(member.accelerator_ids, key=_id_key)
+        )
+        for local_rank, member in enumerate(members):
+            workers.append(
+                WorkerInfo(
+                    rank=len(workers),
+                    local_rank=local_rank,
+                    local_world_size=len(members),
+                    node_rank=node_rank,
+                    num_nodes=len(node_order),
+                    node_id=node_id,
+                    node_ip=member.node_ip,
+                    pid=member.pid,
+                    device_ids=tuple(sorted(member.accelerator_ids, key=_id_key)),
+                    visible_device_ids=visible,
+                    actor_index=member.index,
+                )
+            )
+    return workers
