@@ -97,6 +97,11 @@ def set_device(device: str | torch.device) -> None:
 
 
 def _has_backend(name: str) -> bool:
+    # Backend.XCCL is declared on every torch >= 2.7, built with XCCL or not:
+    # ask the build (dist.is_xccl_available) where this torch can tell.
+    probe = getattr(dist, f"is_{name}_available", None)
+    if callable(probe):
+        return bool(probe())
     return hasattr(dist.Backend, name.upper()) or name in getattr(dist.Backend, "backend_list", [])
 
 

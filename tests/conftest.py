@@ -1,0 +1,75 @@
+"""Shared fixtures: one local Ray per test session (start-up costs seconds),
+and simulated multi-node clusters for the tests that need node layouts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Workers must import the test modules that define the functions they run.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(REPO / "tests"))
+
+LOCAL_CPUS = 4
+_current: Dict[str, object] = {"kind": None, "cluster": None}
+
+
+def _shutdown_current() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = _current["cluster"]
+    if cluster is not None:
+        cluster.shutdown()  # type: ignore[attr-defined]
+    _current.update(kind=None, cluster=None)
+
+
+@pytest.fixture
+def ray_local() -> Iterator[None]:
+    """A local Ray with 4 CPUs, started once and shared by every test that uses it."""
+    import ray
+
+    if _current["kind"] != "local":
+        _shutdown_current()
+        ray.init(num_cpus=LOCAL_CPUS, include_dashboard=True, log_to_driver=True)
+        _current["kind"] = "local"
+    yield
+
+
+def start_cluster(nodes: List[Dict[str, object]]) -> object:
+    """A simulated multi-node cluster (several raylets on this machine); the
+    first entry is the head node. Replaces whatever Ray this process had."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    _shutdown_current()
+    cluster = Cluster(initialize_head=True, head_node_args=dict(nodes[0], include_dashboard=False))
+    for node in nodes[1:]:
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    _current.update(kind="cluster", cluster=cluster)
+    return cluster
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _shutdown_current()
+
+
+def live_raydist_actors() -> List[object]:
+    """Actors of raydist's worker class that are not dead (via Ray's state API)."""
+    from ray.util.state import list_actors
+
+    return [a for a in list_actors(filters=[("state", "!=", "DEAD")]) if "RayWorker" in a.class_name]
+
+
+def live_placement_groups() -> List[str]:
+    import ray
+
+    return [pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"]

@@ -1,0 +1,166 @@
+"""raydist.run and WorkerGroup on a local Ray (CPU, gloo)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import live_placement_groups, live_raydist_actors
+
+import raydist
+from raydist.environment import torchrun_env
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
+
+TORCHRUN_VARS = list(
+    torchrun_env(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
+        master_addr="x", master_port=1,
+    )
+)
+
+
+def rank_sum_and_objects() -> Dict[str, Any]:
+    info = raydist.get_context()
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "sum": total.item(),
+        "broadcast": raydist.broadcast_object({"from": info.rank} if info.rank == 1 else None, src=1),
+        "all_gather": raydist.all_gather_object(info.rank * 10),
+        "context": info,
+    }
+
+
+@pytest.mark.parametrize("num_workers", [2, 3, 4])
+def test_run_returns_rank_ordered_results_and_collectives_work(num_workers: int) -> None:
+    results = raydist.run(rank_sum_and_objects, num_workers=num_workers)
+    expected_sum = num_workers * (num_workers + 1) / 2
+    assert [r["rank"] for r in results] == list(range(num_workers))
+    for rank, result in enumerate(results):
+        assert result["world"] == num_workers
+        assert result["sum"] == expected_sum
+        assert result["broadcast"] == {"from": 1}
+        assert result["all_gather"] == [r * 10 for r in range(num_workers)]
+        context = result["context"]
+        assert (context.rank, context.world_size, context.backend, context.distributed) == (rank, num_workers, "gloo", True)
+        assert context.device == "cpu"
+
+
+def launcher_env() -> Dict[str, str]:
+    return {name: os.environ[name] for name in TORCHRUN_VARS if name in os.environ}
+
+
+def test_every_torchrun_variable_on_every_rank() -> None:
+    with raydist.WorkerGroup(3, env={"OMP_NUM_THREADS": "2", "MY_SETTING": "on"}) as group:
+        envs = group.run(launcher_env)
+        extra = group.run(lambda: os.environ.get("MY_SETTING"))
+        workers = group.workers
+    master_port = envs[0]["MASTER_PORT"]
+    run_id = envs[0]["TORCHELASTIC_RUN_ID"]
+    assert master_port.isdigit() and run_id
+    for rank, env in enumerate(envs):
+        assert env == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "3",
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": "3",
+            "ROLE_NAME": "default",
+            "NODE_RANK": "0",
+            "MASTER_ADDR": workers[0].node_ip,
+            "MASTER_PORT": master_port,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            "OMP_NUM_THREADS": "2",  # the user's value wins over torchrun's default
+        }
+    assert extra == ["on"] * 3
+
+
+def add(x: int, y: int = 0) -> int:
+    return dist.get_rank() * 100 + x + y
+
+
+def test_worker_group_reuses_one_process_group_across_calls() -> None:
+    with raydist.WorkerGroup(2) as group:
+        pids = [w.pid for w in group.workers]
+        assert [w.rank for w in group.workers] == [0, 1]
+        assert group.run(os.getpid) == pids
+        for call in range(20):
+            assert group.run(add, args=(call,), kwargs={"y": 1}) == [call + 1, 100 + call + 1]
+        future = group.submit(add, args=(5,))
+        assert future.result(timeout=60) == [5, 105]
+        assert future.done()
+        assert not future.cancel()  # already finished: nothing to cancel
+    assert live_placement_groups() == []
+
+
+def test_results_of_any_picklable_kind_come_back() -> None:
+    results = raydist.run(lambda: {"tensor": torch.ones(2) * dist.get_rank(), "none": None}, num_workers=2)
+    assert torch.equal(results[1]["tensor"], torch.ones(2))
+    assert results[0]["none"] is None
+
+
+def raise_on_rank_one() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank one")
+    dist.barrier()  # the peer blocks here; it must be killed, not waited for
+
+
+def test_failed_run_names_rank_and_node_and_leaves_nothing_behind() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(raise_on_rank_one, num_workers=2, timeout=120)
+    error = caught.value
+    assert error.failed_ranks == [1]
+    assert error.root_cause.rank == 1
+    assert "ValueError: bad batch on rank one" in str(error)
+    assert "rank 1" in str(error) and error.root_cause.node_id[:12] in str(error)
+    assert live_raydist_actors() == []
+    assert live_placement_groups() == []
+
+
+def test_successful_run_leaves_nothing_behind() -> None:
+    raydist.run(lambda: None, num_workers=2)
+    assert live_raydist_actors() == []
+    assert live_placement_groups() == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "2"])
+def test_bad_num_workers_rejected_before_start(bad: Any) -> None:
+    with pytest.raises((ValueError, TypeError), match="num_workers"):
+        raydist.run(lambda: None, num_workers=bad)
+
+
+def test_unknown_accelerator_and_strategy_list_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="gpu, npu, cpu"):
+        raydist.run(lambda: None, num_workers=1, accelerator="tpu")
+    with pytest.raises(ValueError, match="STRICT_SPREAD"):
+        raydist.run(lambda: None, num_workers=1, placement_strategy="RANDOM")
+
+
+def test_unpicklable_input_is_named_before_start() -> None:
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"args\[1\]"):
+        raydist.run(lambda a, b: None, num_workers=1, args=(1, lock))
+    with pytest.raises(TypeError, match="fn"):
+        raydist.run(lambda: lock.locked(), num_workers=1)
+    assert live_placement_groups() == []
+
+
+def test_default_num_workers_is_one_per_cpu_slot() -> None:
+    import ray
+
+    results: List[int] = raydist.run(dist.get_world_size)
+    assert results == [int(ray.cluster_resources()["CPU"])] * len(results)
