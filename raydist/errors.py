@@ -49,7 +49,7 @@ def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> s
         groups.setdefault(failure.describe(), []).append(failure)
     lines = []
     for detail, members in groups.items():
-        ranks = [m.rank for m in members]
+        ranks = sorted(m.rank for m in members)
         where = "; ".join(sorted({f"node {m.node_id[:12]} ({m.node_ip})" for m in members}))
         pids = ", ".join(str(m.pid) for m in members)
         tag = " [root cause]" if root in members else ""
@@ -65,7 +65,9 @@ class WorkerGroupError(RuntimeError):
         if not failures:
             raise ValueError("a WorkerGroupError needs at least one failure")
         self.failures: List[WorkerFailure] = sorted(failures, key=lambda f: f.rank)
-        self.root_cause: WorkerFailure = min(failures, key=lambda f: (f.timestamp, f.rank))
+        # The earliest failure, except that a process death wins: peers of a
+        # dead rank fail in their collectives *because* of it.
+        self.root_cause: WorkerFailure = min(failures, key=lambda f: (not f.crashed, f.timestamp, f.rank))
         self.attempts: Tuple[WorkerGroupError, ...] = tuple(attempts)
         super().__init__(self._message())
 

@@ -4,6 +4,7 @@ and the placement group that reserves it."""
 from __future__ import annotations
 
 import json
+import uuid
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
@@ -141,7 +142,7 @@ def reserve(
     reason = infeasibility(bundle, num_workers, strategy, nodes)
     if reason is not None and not cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
-    pg = placement_group([dict(bundle)] * num_workers, strategy=strategy, name="raydist")
+    pg = placement_group([dict(bundle)] * num_workers, strategy=strategy, name=f"raydist-{uuid.uuid4().hex[:12]}")
     try:
         _wait_until_placed(pg, bundle, num_workers, strategy, startup_timeout)
     except BaseException:

@@ -1,0 +1,226 @@
+"""Failures become fast, clear errors, and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import ray
+import torch.distributed as dist
+from conftest import REPO, live_placement_groups, live_raydist_actors, start_cluster
+
+import raydist
+
+pytestmark = pytest.mark.timeout(180)
+
+DETECTION_BOUND_S = 5.0
+INFEASIBLE_BOUND_S = 10.0
+
+
+def assert_nothing_left() -> None:
+    assert live_raydist_actors() == []
+    assert live_placement_groups() == []
+
+
+def block_forever() -> None:
+    threading.Event().wait()
+
+
+def die_on_rank_one(how: str) -> None:
+    if dist.get_rank() == 1:
+        if how == "exit":
+            os._exit(7)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    block_forever()
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("how", ["exit", "segfault"])
+def test_worker_process_death_is_reported_fast(how: str) -> None:
+    with raydist.WorkerGroup(3) as group:
+        start = time.monotonic()
+        with pytest.raises(raydist.WorkerGroupError) as caught:
+            group.run(die_on_rank_one, args=(how,))
+        elapsed = time.monotonic() - start
+        dead_pid = group.workers[1].pid
+    error = caught.value
+    assert elapsed < DETECTION_BOUND_S
+    assert error.failed_ranks == [1] and error.crashed
+    assert error.root_cause.pid == dead_pid and error.root_cause.died
+    assert "rank 1" in str(error) and "process died" in str(error)
+    assert_nothing_left()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_sigkill_from_the_driver_is_reported_fast() -> None:
+    group = raydist.WorkerGroup(2)
+    future = group.submit(block_forever)
+    victim = group.workers[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        future.result(timeout=60)
+    assert time.monotonic() - start < DETECTION_BOUND_S
+    assert caught.value.failed_ranks == [1]
+    assert caught.value.root_cause.pid == victim.pid and caught.value.crashed
+    assert_nothing_left()
+
+
+def sleep_on_rank_zero() -> int:
+    if dist.get_rank() == 0:
+        block_forever()
+    return dist.get_rank()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_timeout_names_unfinished_ranks_and_tears_down() -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.WorkerGroupTimeout) as caught:
+        raydist.run(sleep_on_rank_zero, num_workers=3, timeout=3)
+    assert caught.value.unfinished_ranks == [0]
+    assert "rank 0 had not finished" in str(caught.value)
+    assert isinstance(caught.value, TimeoutError)
+    assert time.monotonic() - start < 3 + 30  # start-up + timeout, not forever
+    assert_nothing_left()
+
+
+def raise_on_every_rank() -> None:
+    raise KeyError("same on all")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_identical_tracebacks_are_shown_once_with_rank_list() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(raise_on_every_rank, num_workers=3)
+    message = str(caught.value)
+    assert caught.value.failed_ranks == [0, 1, 2]
+    assert message.count("KeyError: 'same on all'") == 1
+    assert "ranks 0, 1, 2" in message
+    assert "[root cause]" in message
+
+
+def crash_once(marker_dir: str) -> List[Any]:
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if restart == 0 and dist.get_rank() == 1:
+        os._exit(3)
+    return [dist.get_rank(), restart, os.environ["TORCHELASTIC_MAX_RESTARTS"], os.environ["MASTER_PORT"]]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_restart_after_crash_reruns_on_a_new_group() -> None:
+    results = raydist.run(crash_once, num_workers=2, args=("",), max_restarts=2)
+    assert [r[:3] for r in results] == [[0, 1, "2"], [1, 1, "2"]]
+    assert_nothing_left()
+
+
+def always_raise() -> None:
+    raise RuntimeError(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} failed")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_user_exception_is_not_retried_unless_asked() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(always_raise, num_workers=2, max_restarts=2)
+    assert "attempt 0 failed" in str(caught.value) and not caught.value.attempts
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(always_raise, num_workers=2, max_restarts=2, retry_on_exception=True)
+    message = str(caught.value)
+    assert len(caught.value.attempts) == 2
+    for attempt in (0, 1):
+        assert re.search(rf"attempt {attempt}: rank \d: RuntimeError: attempt {attempt} failed", message)
+    assert "RuntimeError: attempt 2 failed" in message
+
+
+def maybe_fail(index: int) -> int:
+    if index % 3 == 0 and dist.get_rank() == 1:
+        raise ValueError(f"run {index}")
+    return index
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_thirty_runs_some_failing_leave_nothing_behind() -> None:
+    for index in range(30):
+        if index % 3 == 0:
+            with pytest.raises(raydist.WorkerGroupError, match=f"run {index}"):
+                raydist.run(maybe_fail, num_workers=2, args=(index,))
+        else:
+            assert raydist.run(maybe_fail, num_workers=2, args=(index,)) == [index, index]
+    assert_nothing_left()
+
+
+INTERRUPTED_DRIVER = """
+import sys, threading, ray, raydist
+ray.init(address=sys.argv[1])
+def block():
+    print("worker ready", flush=True)
+    threading.Event().wait()
+raydist.run(block, num_workers=2)
+"""
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ctrl_c_in_the_driver_kills_every_worker() -> None:
+    address = ray.get_runtime_context().gcs_address
+    driver = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_DRIVER, address],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )
+    try:
+        assert driver.stdout is not None
+        for line in driver.stdout:  # the workers' prints are forwarded to the driver
+            if "worker ready" in line:
+                break
+        assert len(live_raydist_actors()) == 2
+        start = time.monotonic()
+        driver.send_signal(signal.SIGINT)
+        output = driver.communicate(timeout=30)[0]
+        assert "KeyboardInterrupt" in output
+        assert time.monotonic() - start < DETECTION_BOUND_S
+    finally:
+        driver.kill()
+    assert_nothing_left()
+
+
+# -- infeasible requests: a cluster with 2 (fake) GPUs -------------------------
+
+
+@pytest.fixture(scope="module")
+def two_gpu_cluster() -> None:
+    start_cluster([{"num_cpus": 4, "num_gpus": 2}])
+
+
+@pytest.mark.usefixtures("two_gpu_cluster")
+def test_more_gpus_than_the_cluster_has_fails_fast() -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.InfeasibleResourcesError) as caught:
+        raydist.run(lambda: None, num_workers=8, accelerator="gpu")
+    assert time.monotonic() - start < INFEASIBLE_BOUND_S
+    message = str(caught.value)
+    assert "8 workers" in message and "GPU: 8" in message and "GPU: 2" in message
+    assert live_placement_groups() == []
+
+
+@pytest.mark.usefixtures("two_gpu_cluster")
+def test_bundle_bigger_than_any_node_fails_fast() -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.InfeasibleResourcesError) as caught:
+        raydist.run(lambda: None, num_workers=1, accelerator="cpu", resources_per_worker={"CPU": 64})
+    assert time.monotonic() - start < INFEASIBLE_BOUND_S
+    assert "CPU: 64" in str(caught.value) and "CPU: 4" in str(caught.value)
+
+
+@pytest.mark.usefixtures("two_gpu_cluster")
+def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> None:
+    with raydist.WorkerGroup(2, accelerator="gpu"):  # holds both GPUs
+        start = time.monotonic()
+        with pytest.raises(raydist.InfeasibleResourcesError, match="gave up after 2 s"):
+            raydist.run(lambda: None, num_workers=1, accelerator="gpu", startup_timeout=2)
+        assert 2 <= time.monotonic() - start < 2 + INFEASIBLE_BOUND_S
+    assert live_placement_groups() == []
