@@ -28,6 +28,11 @@ class LargeObjectTransport(Protocol):
 
 _transport: Optional[LargeObjectTransport] = None
 
+# horovod names a collective after the object's type unless told otherwise;
+# ranks passing different types (an object vs None) would never match.
+_HVD_BROADCAST = "raydist.broadcast_object"
+_HVD_ALLGATHER = "raydist.all_gather_object"
+
 
 def set_large_object_transport(transport: Optional[LargeObjectTransport]) -> None:
     """Install (or remove, with None) the out-of-band path for large objects."""
@@ -98,7 +103,7 @@ def barrier() -> None:
 
 def _broadcast_raw(payload: Any, src: int, info: DistInfo) -> Any:
     if info.horovod:
-        return import_horovod().broadcast_object(payload, root_rank=src)
+        return import_horovod().broadcast_object(payload, root_rank=src, name=_HVD_BROADCAST)
     box = [payload]
     dist.broadcast_object_list(box, src=src, device=_object_device(info))
     return box[0]
@@ -106,7 +111,7 @@ def _broadcast_raw(payload: Any, src: int, info: DistInfo) -> Any:
 
 def _all_gather_raw(payload: Any, info: DistInfo) -> List[Any]:
     if info.horovod:
-        return list(import_horovod().allgather_object(payload))
+        return list(import_horovod().allgather_object(payload, name=_HVD_ALLGATHER))
     payloads: List[Any] = [None] * info.world_size
     dist.all_gather_object(payloads, payload)
     return payloads

@@ -136,6 +136,24 @@ def test_namespace_without_attributes_defaults_to_cuda_then_falls_back() -> None
     assert (args.device, args.rank, args.world_size, args.local_rank, args.distributed) == ("cpu", 0, 1, 0, False)
 
 
+def test_namespace_gets_every_field_of_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A layout where rank, local rank and world size all differ, without launching it.
+    record = raydist.DistInfo(rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1,
+                              device="cpu", backend="gloo", distributed=True)
+    seen: Dict[str, Any] = {}
+
+    def fake_init(**kwargs: Any) -> raydist.DistInfo:
+        seen.update(kwargs)
+        return record
+
+    monkeypatch.setattr(compat, "init_distributed", fake_init)
+    args = build_parser().parse_args(["--device", "cpu", "--dist-backend", "gloo", "--no-set-device-rank"])
+    assert compat.init_distributed_device(args) == torch.device("cpu")
+    assert (args.device, args.rank, args.world_size, args.local_rank, args.distributed) == ("cpu", 5, 8, 1, True)
+    assert seen == dict(device="cpu", backend="gloo", dist_url=None, horovod=False, no_set_device_rank=True)
+    assert not compat.is_master(args) and not compat.is_master(args, local=True)
+
+
 def test_rank_checks_read_the_namespace() -> None:
     worker = argparse.Namespace(rank=5, local_rank=0)
     assert not compat.is_global_master(worker) and compat.is_local_master(worker)
