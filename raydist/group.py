@@ -45,6 +45,8 @@ __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
 FAILURE_GRACE_S = 0.5
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
+# Calls up to this size travel inside each actor task (no object-store round trip).
+INLINE_CALL_BYTES = 64 * 1024
 _RemoteWorker = ray.remote(RayWorker)
 
 
@@ -280,7 +282,9 @@ class WorkerGroup:
         """Start ``fn(*args, **kwargs)`` on every rank; returns at once."""
         if self._closed:
             raise RuntimeError("this WorkerGroup has been shut down")
-        call = ray.put(pickle_call(fn, args, kwargs or {}))  # sent once, read by every rank
+        call: Any = pickle_call(fn, args, kwargs or {})
+        if len(call) > INLINE_CALL_BYTES:
+            call = ray.put(call)  # big arguments: stored once, read by every rank
         return WorkerFuture(self, [actor.execute.remote(call) for actor in self._actors])
 
     def run(
@@ -315,10 +319,14 @@ class WorkerGroup:
         results: List[Any] = [None] * len(refs)
         failures: List[WorkerFailure] = []
         def take(ready: List[ray.ObjectRef]) -> None:
-            for ref in ready:
+            try:
+                outcomes: List[Any] = ray.get(ready)  # one call for the common case
+            except RayActorError:
+                outcomes = [None] * len(ready)  # some died: fetch one by one below
+            for ref, outcome in zip(ready, outcomes):
                 rank = pending.pop(ref)
                 try:
-                    outcome: Outcome = ray.get(ref)
+                    outcome = outcome if outcome is not None else ray.get(ref)
                 except RayActorError as error:
                     failures.append(self._failure(rank, _death_text(error), crashed=True))
                     continue

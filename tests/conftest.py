@@ -30,15 +30,20 @@ def _shutdown_current() -> None:
     _current.update(kind=None, cluster=None)
 
 
-@pytest.fixture
-def ray_local() -> Iterator[None]:
-    """A local Ray with 4 CPUs, started once and shared by every test that uses it."""
+def use_local_ray() -> None:
+    """Make this process's Ray the shared local one (4 CPUs), starting it if needed."""
     import ray
 
     if _current["kind"] != "local":
         _shutdown_current()
         ray.init(num_cpus=LOCAL_CPUS, include_dashboard=True, log_to_driver=True)
         _current["kind"] = "local"
+
+
+@pytest.fixture
+def ray_local() -> Iterator[None]:
+    """A local Ray with 4 CPUs, started once and shared by every test that uses it."""
+    use_local_ray()
     yield
 
 
@@ -66,7 +71,15 @@ def live_raydist_actors() -> List[object]:
     """Actors of raydist's worker class that are not dead (via Ray's state API)."""
     from ray.util.state import list_actors
 
-    return [a for a in list_actors(filters=[("state", "!=", "DEAD")]) if "RayWorker" in a.class_name]
+    actors = list_actors(address=ray_address(), filters=[("state", "!=", "DEAD")])
+    return [a for a in actors if "RayWorker" in a.class_name]
+
+
+def ray_address() -> str:
+    """This process's cluster, named explicitly: other Rays may run on the machine."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def live_placement_groups() -> List[str]:
