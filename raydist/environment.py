@@ -20,7 +20,7 @@ WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SI
 LOCAL_WORLD_SIZE_VARS = (
     "LOCAL_WORLD_SIZE",
     "MPI_LOCALNRANKS",
-    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
 )
 NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
@@ -47,12 +47,22 @@ def _int_var(name: str, value: str, minimum: int) -> int:
     return number
 
 
+def _slurm_tasks_on_node(tasks_per_node: str, node_id: str) -> str:
+    """This node's entry of SLURM's compressed list: "2(x3),1" is 2, 2, 2, 1."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [count] * (int(repeat.rstrip(")")) if repeat.rstrip(")").isdigit() else 1)
+    index = int(node_id) if node_id.isdigit() else 0
+    return counts[index] if index < len(counts) else counts[-1]
+
+
 def _first_int(names: Sequence[str], default: int, minimum: int, env: Mapping[str, str]) -> int:
     for name in names:
         if name in env:
             value = env[name]
-            if name == "SLURM_NTASKS_PER_NODE":
-                value = value.split("(", 1)[0].split(",", 1)[0]  # "2(x3)" -> "2"
+            if name == "SLURM_TASKS_PER_NODE":
+                value = _slurm_tasks_on_node(value, env.get("SLURM_NODEID", "0"))
             return _int_var(name, value, minimum)
     return default
 

@@ -63,7 +63,7 @@ def slurm_tasks(nodes: int, tasks_per_node: int) -> List[Dict[str, str]]:
             "SLURM_LOCALID": str(rank % tasks_per_node),
             "SLURM_NODEID": str(rank // tasks_per_node),
             "SLURM_NTASKS": str(world),
-            "SLURM_NTASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
+            "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
         }
         for rank in range(world)
     ]

@@ -53,14 +53,15 @@ def test_node_rank_variable() -> None:
     assert read_world_info({"NODE_RANK": "3"}).node_rank == 3
 
 
-@pytest.mark.parametrize("per_node,expected", [("2(x3)", 2), ("4", 4), ("3,2", 3), ("2(x2),1", 2)])
+# SLURM_NODEID is 2: the third entry of the compressed list applies.
+@pytest.mark.parametrize("per_node,expected", [("2(x3)", 2), ("4", 4), ("3,2,1", 1), ("2(x2),1", 1), ("1,3(x2)", 3)])
 def test_slurm_variables(per_node: str, expected: int) -> None:
     env = {
         "SLURM_PROCID": "5",
         "SLURM_LOCALID": "1",
         "SLURM_NTASKS": "6",
         "SLURM_NODEID": "2",
-        "SLURM_NTASKS_PER_NODE": per_node,
+        "SLURM_TASKS_PER_NODE": per_node,
     }
     info = read_world_info(env)
     assert info == WorldInfo(rank=5, local_rank=1, world_size=6, local_world_size=expected, node_rank=2)
@@ -152,7 +153,7 @@ def test_torchrun_inside_slurm_uses_torchrun_values() -> None:
         ("PMI_SIZE", "four"),
         ("SLURM_PROCID", "x"),
         ("SLURM_NTASKS", "0"),
-        ("SLURM_NTASKS_PER_NODE", "x(x2)"),
+        ("SLURM_TASKS_PER_NODE", "x(x2)"),
         ("OMPI_COMM_WORLD_RANK", "-3"),
         ("GROUP_RANK", "-1"),
     ],
@@ -163,7 +164,7 @@ def test_bad_value_names_variable_and_value(name: str, value: str) -> None:
         env["WORLD_SIZE"] = "8"  # so only the bad variable can be blamed
     with pytest.raises(ValueError, match=re.escape(name)) as caught:
         read_world_info(env)
-    shown = value.split("(", 1)[0] if name == "SLURM_NTASKS_PER_NODE" else value
+    shown = value.split("(", 1)[0] if name == "SLURM_TASKS_PER_NODE" else value
     assert repr(shown) in str(caught.value)
 
 

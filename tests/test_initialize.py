@@ -268,11 +268,15 @@ class FakeHorovod(types.ModuleType):
     def cross_rank(self) -> int:
         return self.layout["cross_rank"]
 
-    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+    # raydist must name horovod collectives: horovod's default name is the
+    # object's type, which differs between the root and the receivers.
+    def broadcast_object(self, obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+        assert name, "horovod collectives need a rank-independent name"
         self.calls.append(("broadcast_object", obj, root_rank))
         return obj if root_rank == self.layout["rank"] else self.broadcast_result
 
-    def allgather_object(self, obj: Any) -> List[Any]:
+    def allgather_object(self, obj: Any, name: Optional[str] = None) -> List[Any]:
+        assert name, "horovod collectives need a rank-independent name"
         self.calls.append(("allgather_object", obj))
         return [obj if r == self.layout["rank"] else f"peer{r}" for r in range(self.layout["size"])]
 
