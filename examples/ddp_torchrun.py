@@ -9,6 +9,7 @@ and under ``raydist run``, and gives the same final loss under both:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 
@@ -24,8 +25,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="cpu",
-        help="cpu (gloo), cuda (nccl, one GPU per process) or auto (cuda when available)",
+        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="cpu (gloo), cuda (nccl, one GPU per process: LOCAL_RANK picks it) or auto "
+        "(cuda when available; the default)",
     )
     return parser.parse_args()
 
@@ -64,6 +66,10 @@ def main() -> None:
     dist.all_reduce(final)  # the mean over ranks, the same number everywhere
     if rank == 0:
         print(f"final loss: {final.item() / world_size:.6f}", flush=True)
+    # Free DDP before leaving the process group: a DDP model still alive at
+    # interpreter exit can make torch abort ("terminate called ...").
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -24,8 +24,9 @@ import os
 import socket
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from raydist import __version__
 
@@ -36,10 +37,14 @@ EXIT_INTERRUPTED = 130
 # retries for minutes); the watchdog bounds a reachable port that is no Ray.
 PROBE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
+# How long the driver waits for the workers' last output lines to arrive.
+OUTPUT_DRAIN_TIMEOUT_S = 5.0
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
 
+# As in raydist.placement, which imports Ray: `raydist run --help` should not.
 ACCELERATORS = ("auto", "gpu", "npu", "cpu")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 RUN_DESCRIPTION = """\
 Run a torchrun-style training script (or -m module) on Ray actors, one per
@@ -52,7 +57,6 @@ module) name is passed to it untouched.
 The script is read by path on every worker: workers on this machine share its
 files, and under `ray job submit --working-dir DIR` every worker runs in a
 copy of DIR, where a path relative to DIR resolves."""
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 class CliError(Exception):
@@ -218,7 +222,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
         "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
         "inside `ray job submit`), else the cluster started with `ray start` on this "
-        "machine, else a private local Ray that stops when the run ends",
+        "machine, else a private local Ray (no dashboard) that stops when the run ends",
     )
     run.add_argument(
         "--standalone", action="store_true",
@@ -339,8 +343,10 @@ def _check_module(name: str) -> None:
             spec = importlib.util.find_spec(f"{name}.__main__")  # a package runs its __main__
             if spec is None:
                 raise CliError(f"{name!r} is a package with no __main__ module to run", EXIT_USAGE)
-    except (ImportError, ValueError) as error:
-        raise CliError(f"module {name!r} not found ({error})", EXIT_USAGE) from None
+    except CliError:
+        raise
+    except Exception as error:  # noqa: BLE001 - finding a submodule imports its package, which may fail any way
+        raise CliError(f"module {name!r} not found ({type(error).__name__}: {error})", EXIT_USAGE) from None
     finally:
         sys.path.remove(os.getcwd())
     if spec is None:
@@ -366,11 +372,13 @@ def _probe_address(address: str) -> Tuple[str, int]:
         raise CliError(f"invalid Ray address {address!r}: port {port_text!r} is not a number", EXIT_USAGE) from None
 
 
-def connect(address: Optional[str], standalone: bool) -> None:
+def connect(address: Optional[str], standalone: bool) -> bool:
     """ray.init for the run, failing within seconds (naming the address) when
-    the cluster cannot be reached."""
+    the cluster cannot be reached. False if Ray was already initialised here."""
     import ray
 
+    if ray.is_initialized():
+        return False
     source = "--address"
     if standalone:
         address, source = "local", "--standalone"
@@ -404,13 +412,17 @@ def connect(address: Optional[str], standalone: bool) -> None:
         watchdog.daemon = True
         watchdog.start()
     try:
-        ray.init(address=address) if address else ray.init()
+        if address and address != "local":
+            ray.init(address=address)
+        else:  # None attaches to a `ray start` cluster here if any, else starts a private Ray
+            ray.init(address=address, include_dashboard=False)
     except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
         where = f"the Ray cluster at {address} (from {source})" if address not in (None, "local") else "a local Ray"
         raise CliError(f"cannot connect to {where}: {error}") from None
     finally:
         if watchdog is not None:
             watchdog.cancel()
+    return True
 
 
 def _warn_if_too_few_nodes(nnodes: int) -> None:
@@ -426,6 +438,62 @@ def _warn_if_too_few_nodes(nnodes: int) -> None:
         )
 
 
+class OutputDrain:
+    """Lets the driver wait until the workers' last output lines have arrived.
+
+    Ray forwards worker output asynchronously, so a driver that exits as soon
+    as the run ends can lose the tail (a script's final "loss: ..." line).
+    Each rank ends with a marker line on stdout and stderr; this filter on
+    Ray's printer hides the markers and records them, and ``wait`` returns
+    once the expected ones are in (or after ``timeout``).
+    """
+
+    def __init__(self, timeout: float = OUTPUT_DRAIN_TIMEOUT_S):
+        self.token = f"raydist-output-end-{uuid.uuid4().hex}"
+        self._timeout = timeout
+        self._seen: Set[Tuple[int, int, bool]] = set()  # (attempt, rank, is_err)
+        self._changed = threading.Condition()
+
+    def install(self) -> bool:
+        """Wrap Ray's worker-output printer; False where this Ray has none to wrap."""
+        try:
+            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+            with dispatcher._lock:
+                for index, (name, handler) in enumerate(dispatcher.handlers):
+                    if name == "ray_print_logs":
+                        dispatcher.handlers[index] = (name, self._filter(handler))
+                        return True
+        except Exception:  # noqa: BLE001 - a private API; without it, no waiting
+            pass
+        return False
+
+    def _filter(self, print_lines: Callable[[Dict[str, Any]], None]) -> Callable[[Dict[str, Any]], None]:
+        def handle(data: Dict[str, Any]) -> None:
+            lines = data.get("lines") or []
+            kept = [line for line in lines if self.token not in line]
+            if len(kept) != len(lines):
+                with self._changed:
+                    for line in lines:
+                        if self.token in line:
+                            try:
+                                attempt, rank = line.split(self.token, 1)[1].split()[:2]
+                                self._seen.add((int(attempt), int(rank), bool(data.get("is_err"))))
+                            except ValueError:
+                                pass  # mangled in transit: wait() times out instead
+                    self._changed.notify_all()
+                data = dict(data, lines=kept)
+            if kept:
+                print_lines(data)
+
+        return handle
+
+    def wait(self, attempt: int, ranks: Sequence[int]) -> None:
+        expected = {(attempt, rank, is_err) for rank in ranks for is_err in (False, True)}
+        with self._changed:
+            self._changed.wait_for(lambda: expected <= self._seen, timeout=self._timeout)
+
+
 def failure_status(failures: Sequence[Any]) -> int:
     """``n`` when every failing rank called ``sys.exit(n)``; else 1 (a rank raised or died)."""
     codes = {failure.exit_code for failure in failures}
@@ -438,19 +506,25 @@ def failure_status(failures: Sequence[Any]) -> int:
 
 def execute(plan: RunPlan, options: argparse.Namespace) -> int:
     """Start the workers, run the script on every rank, report; the exit status."""
+    import ray
+
     from raydist.api import run
     from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout
     from raydist.script import run_script
 
     name = plan.target_as_typed
+    drain = OutputDrain()
+    end_marker: Optional[str] = None
+    connected_here = False
     try:
-        connect(options.address, options.standalone)
+        connected_here = connect(options.address, options.standalone)
+        end_marker = drain.token if drain.install() else None
         if plan.nnodes > 1:
             _warn_if_too_few_nodes(plan.nnodes)
-        run(
+        attempt_of_rank = run(
             run_script,
             num_workers=plan.num_workers,
-            args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed),
+            args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed, end_marker),
             accelerator=options.accelerator,
             resources_per_worker=options.resources_per_worker,
             backend=options.backend,
@@ -462,7 +536,14 @@ def execute(plan: RunPlan, options: argparse.Namespace) -> int:
             retry_on_exception=True,  # torchrun restarts on any failure
             init_process_group=options.backend is not None,
         )
+        if end_marker is not None:
+            drain.wait(attempt_of_rank[0], range(len(attempt_of_rank)))
+        return 0
     except WorkerGroupError as error:
+        # Ranks that raised or exited wrote their end marker; killed ones could not.
+        finished = [failure.rank for failure in error.failures if not failure.crashed]
+        if end_marker is not None and finished:
+            drain.wait(len(error.attempts), finished)
         print(f"raydist run: {name} failed: {error}", file=sys.stderr, flush=True)
         return failure_status(error.failures)
     except WorkerGroupTimeout as error:
@@ -474,7 +555,9 @@ def execute(plan: RunPlan, options: argparse.Namespace) -> int:
     except (ValueError, TypeError, ImportError) as error:  # options raydist.run rejected
         print(f"raydist run: error: {error}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    return 0
+    finally:
+        if connected_here:
+            ray.shutdown()  # stops a private local Ray; leaves a cluster running
 
 
 def _configure_ray_output() -> None:
@@ -493,7 +576,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.parse_args(argv)  # help, version, or a usage error; all exit here
         return EXIT_USAGE
     own, script_args = split_script_args(run_parser, argv[1:])
-    options = parser.parse_args(["run", *own])
+    options, unknown = parser.parse_known_args(["run", *own])
+    if unknown:
+        run_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         plan = plan_run(options, script_args)
     except CliError as error:

@@ -16,9 +16,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import ray
 import ray.cloudpickle
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from tqdm.auto import tqdm
 
 from raydist.environment import torchrun_env
 from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupTimeout
@@ -48,6 +49,7 @@ TEARDOWN_TIMEOUT_S = 5.0
 # Calls up to this size travel inside each actor task (no object-store round trip).
 INLINE_CALL_BYTES = 64 * 1024
 _RemoteWorker = ray.remote(RayWorker)
+_FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
 
 
 def _check_num_workers(num_workers: Any) -> None:
@@ -60,11 +62,11 @@ def _check_num_workers(num_workers: Any) -> None:
 
 
 def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    normalised = value.lower() if name == "accelerator" and isinstance(value, str) else value
-    normalised = normalised.upper() if name == "placement_strategy" and isinstance(value, str) else normalised
-    if normalised not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
-    return normalised
+    """``value`` matched case-insensitively against ``choices``, or ValueError listing them."""
+    for choice in choices:
+        if isinstance(value, str) and value.lower() == choice.lower():
+            return choice
+    raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
 
 
 def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
@@ -199,7 +201,7 @@ class WorkerGroup:
         ]
         # Round trip 1: where did each worker land?
         placements: List[Placement] = self._gather(
-            [actor.describe.remote(i) for i, actor in enumerate(self._actors)], startup_timeout, "start"
+            [actor.describe.remote(i) for i, actor in enumerate(self._actors)], startup_timeout, "started"
         )
         self._workers = assign_ranks(placements, ray.get_runtime_context().get_node_id())
         self._actors = [self._actors[w.actor_index] for w in self._workers]  # now indexed by rank
@@ -241,26 +243,12 @@ class WorkerGroup:
             env.update(extra)
             env.update(self._env)
             setups.append(actor.setup.remote(worker, env, init_kwargs, self._object_store_threshold))
-        self._contexts = self._gather(setups, startup_timeout, "initialise")
+        self._contexts = self._gather(setups, startup_timeout, "initialised")
 
     def _gather(self, refs: List[ray.ObjectRef], timeout: Optional[float], stage: str) -> List[Any]:
-        """ray.get for start-up calls, turning errors into WorkerGroupError."""
-        try:
-            return ray.get(refs, timeout=timeout)
-        except GetTimeoutError:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            unfinished = [i for i, ref in enumerate(refs) if ref not in ready]
-            raise WorkerGroupTimeout(timeout or 0.0, unfinished) from None
-        except Exception:
-            failures = []
-            for index, ref in enumerate(refs):
-                try:
-                    ray.get(ref, timeout=FAILURE_GRACE_S)
-                except GetTimeoutError:
-                    continue
-                except Exception as error:  # noqa: BLE001 - reported with its traceback
-                    failures.append(self._failure(index, str(error), crashed=isinstance(error, RayActorError)))
-            raise WorkerGroupError(failures or [self._failure(0, f"{stage} failed", crashed=False)]) from None
+        """Wait for a start-up step on every worker, with progress if it is slow."""
+        with tqdm(total=len(refs), desc=f"raydist: workers {stage}", unit="worker", delay=2.0) as bar:
+            return self._collect(refs, timeout, progress=bar)
 
     # -- calls --------------------------------------------------------------
 
@@ -311,29 +299,38 @@ class WorkerGroup:
             exception_type=outcome.exception_type if outcome else None,
         )
 
-    def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float]) -> List[Any]:
-        """Wait for every rank; on the first failure, gather what else failed
-        within a short grace period, tear down, and raise."""
+    def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float], progress: Optional[tqdm] = None) -> List[Any]:
+        """Wait for every rank (``refs`` is indexed by rank); on the first
+        failure, gather what else failed within a short grace period, tear
+        the group down, and raise."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
         results: List[Any] = [None] * len(refs)
         failures: List[WorkerFailure] = []
+
         def take(ready: List[ray.ObjectRef]) -> None:
             try:
-                outcomes: List[Any] = ray.get(ready)  # one call for the common case
-            except RayActorError:
-                outcomes = [None] * len(ready)  # some died: fetch one by one below
-            for ref, outcome in zip(ready, outcomes):
+                values: List[Any] = ray.get(ready)  # one call for the common case
+            except Exception:
+                values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
+            for ref, value in zip(ready, values):
                 rank = pending.pop(ref)
                 try:
-                    outcome = outcome if outcome is not None else ray.get(ref)
+                    value = ray.get(ref) if value is _FETCH_ONE else value
                 except RayActorError as error:
                     failures.append(self._failure(rank, _death_text(error), crashed=True))
                     continue
-                if outcome.ok:
-                    results[rank] = outcome.value
-                else:
-                    failures.append(self._failure(rank, "", crashed=False, outcome=outcome))
+                except Exception as error:  # noqa: BLE001 - a start-up step raised
+                    failures.append(self._failure(rank, str(error), crashed=False))
+                    continue
+                if isinstance(value, Outcome):
+                    if not value.ok:
+                        failures.append(self._failure(rank, "", crashed=False, outcome=value))
+                        continue
+                    value = value.value
+                results[rank] = value
+            if progress is not None:
+                progress.update(len(ready))
 
         try:
             while pending and not failures:

@@ -32,28 +32,47 @@ def resolve_script(path: str, path_as_typed: str) -> str:
     )
 
 
+def _is_launcher_frame(tb: TracebackType) -> bool:
+    filename = tb.tb_frame.f_code.co_filename
+    return filename in (__file__, runpy.__file__) or filename.startswith("<frozen runpy")
+
+
 def _user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     """The traceback without this module's and runpy's frames, so the report
     starts at the user's code."""
-    skip = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
     start = tb
-    while start is not None and os.path.abspath(start.tb_frame.f_code.co_filename) in skip:
+    while start is not None and _is_launcher_frame(start):
         start = start.tb_next
     return start or tb
 
 
-def run_script(target: str, script_args: Sequence[str], module: bool = False, target_as_typed: Optional[str] = None) -> None:
+def run_script(
+    target: str,
+    script_args: Sequence[str],
+    module: bool = False,
+    target_as_typed: Optional[str] = None,
+    end_marker: Optional[str] = None,
+) -> int:
     """Run ``target`` as ``__main__`` with ``sys.argv = [target, *script_args]``.
 
     ``module``: ``target`` is a module name, run like ``python -m`` (the
     working directory goes first on ``sys.path``). Otherwise it is a script
     path; its directory goes first on ``sys.path``, as ``python script.py``
-    does. A process group the script leaves initialised is destroyed, and
-    ``sys.argv``, ``sys.path`` and the working directory are restored, so the
-    worker can run something else afterwards. ``SystemExit`` propagates: the
-    worker reports a non-zero code as that rank's exit status.
+    does. When the script succeeds, a process group it left initialised is
+    destroyed; ``sys.argv``, ``sys.path`` and the working directory are
+    restored either way, so the worker can run something else afterwards.
+    ``SystemExit`` propagates: the worker reports a non-zero code as that
+    rank's exit status.
+
+    ``end_marker``: when given, a last line ``"<end_marker> <attempt> <rank>"``
+    goes to stdout and stderr, so the driver can tell when Ray has forwarded
+    all of this rank's output (see ``raydist.cli``). Returns the attempt
+    number (TORCHELASTIC_RESTART_COUNT).
     """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = int(os.environ.get("RANK", "0"))
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
+    succeeded = False
     try:
         if module:
             sys.argv = [target, *script_args]  # run_module replaces argv[0] with the file
@@ -64,22 +83,42 @@ def run_script(target: str, script_args: Sequence[str], module: bool = False, ta
             sys.argv = [path, *script_args]  # run_path sets argv[0] to the path anyway
             sys.path.insert(0, os.path.dirname(path))
             runpy.run_path(path, run_name="__main__")
-    except SystemExit:
+        succeeded = True
+    except SystemExit as stop:
+        succeeded = stop.code is None or stop.code == 0
         raise
     except BaseException as error:  # noqa: B036 - re-raised with a shorter traceback
         raise error.with_traceback(_user_frames(error.__traceback__))
     finally:
         # Ray forwards worker output from files; flush so the last lines are there.
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                if stream is not None:
+                    stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream must not mask the result
                 pass
-        _leave_process_group()
+        if end_marker is not None:
+            _write_end_marker(end_marker, attempt, rank)
+        if succeeded:
+            # After a failure the group kills every worker; leaving the process
+            # group here would only make the peers fail too ("connection reset").
+            _leave_process_group()
         sys.argv = saved_argv
         sys.path[:] = saved_path
         try:
             os.chdir(saved_cwd)
+        except OSError:
+            pass
+    return attempt
+
+
+def _write_end_marker(end_marker: str, attempt: int, rank: int) -> None:
+    # Straight to the file descriptors Ray captures, whatever the script did
+    # to sys.stdout / sys.stderr.
+    line = f"{end_marker} {attempt} {rank}\n".encode()
+    for fd in (1, 2):
+        try:
+            os.write(fd, line)
         except OSError:
             pass
 

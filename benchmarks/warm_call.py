@@ -1,0 +1,95 @@
+"""Warm call: the per-call cost of a live group.
+
+``WorkerGroup(4).run(noop)`` against the least Ray can do for the same thing,
+``ray.get([a.noop.remote() for a in 4 bare actors])``, both after warm-up.
+
+    python benchmarks/warm_call.py [--calls 200] [--workers 4] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable, Dict, List, Optional
+
+TARGET_MEDIAN_S = 0.005
+
+
+def noop() -> None:
+    return None
+
+
+class BareActor:
+    def noop(self) -> None:
+        return None
+
+
+def sample(calls: Dict[str, Callable[[], object]], count: int, warmup: int) -> Dict[str, List[float]]:
+    """Time each call ``count`` times, alternating between them so that
+    background noise on the machine hits both alike."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: Dict[str, List[float]] = {name: [] for name in calls}
+    for _ in range(count):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="50 calls")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calls = 50
+
+    import ray
+
+    from raydist import WorkerGroup
+
+    from _common import fmt_ms, fmt_ratio, header, init_ray, median, percentile, print_table, verdict
+
+    header("warm call")
+    init_ray(num_cpus=2 * args.workers)  # both pools alive at once, calls alternate
+    try:
+        actors = [ray.remote(num_cpus=1)(BareActor).remote() for _ in range(args.workers)]
+        with WorkerGroup(args.workers) as group:
+            times = sample(
+                {"raydist": lambda: group.run(noop), "bare": lambda: ray.get([a.noop.remote() for a in actors])},
+                args.calls,
+                args.warmup,
+            )
+        for actor in actors:
+            ray.kill(actor)
+    finally:
+        ray.shutdown()
+    raydist_times, bare_times = times["raydist"], times["bare"]
+
+    rows = []
+    for name, times in (("raydist group.run(noop)", raydist_times), ("bare actors ray.get", bare_times)):
+        rows.append([name, fmt_ms(median(times)), fmt_ms(percentile(times, 99)), fmt_ms(min(times))])
+    print_table(
+        f"Warm call, {args.workers} workers, {args.calls} calls each (alternating) after {args.warmup} warm-up",
+        ["method", "median", "p99", "min"],
+        rows,
+    )
+    rd_median, bare_median = median(raydist_times), median(bare_times)
+    print_table(
+        "Warm call ratios",
+        ["raydist / bare (median)", "raydist / bare (p99)", f"raydist median <= {TARGET_MEDIAN_S * 1000:g} ms"],
+        [[
+            fmt_ratio(rd_median, bare_median),
+            fmt_ratio(percentile(raydist_times, 99), percentile(bare_times, 99)),
+            verdict(rd_median <= TARGET_MEDIAN_S),
+        ]],
+    )
+
+
+if __name__ == "__main__":
+    main()

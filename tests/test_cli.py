@@ -1,0 +1,364 @@
+"""``raydist run`` end to end, through ``python -m raydist`` in subprocesses.
+
+Every run gets a Ray of its own: RAY_ADDRESS is removed and RAY_TMPDIR points
+at a private directory, so the CLI neither connects to a cluster named in the
+environment nor attaches to another Ray on this machine (``ray.init()`` joins
+the last cluster recorded under the default temp dir). The job-submission
+test starts a real head with ``ray start --block`` and, at the end, stops
+exactly the processes that head started (see ``RayHead``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import pytest
+
+from raydist.cli import build_parser, split_script_args
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+SCRIPTS = REPO / "tests" / "scripts"
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT_S = 120
+FINAL_LOSS = re.compile(r"final loss: (-?\d+\.\d{6})")
+
+
+def short_tmpdir() -> str:
+    # Ray puts Unix sockets under its temp dir; their paths must stay under ~107 chars.
+    return tempfile.mkdtemp(prefix="rd", dir="/tmp" if os.path.isdir("/tmp") else None)
+
+
+@pytest.fixture
+def ray_tmpdir() -> Iterator[str]:
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cli_env(ray_tmpdir: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = ray_tmpdir
+    return env
+
+
+def raydist(args: Sequence[str], env: Dict[str, str], cwd: Path = REPO, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raydist", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit status {result.returncode}\n--- stdout:\n{result.stdout}\n--- stderr:\n{result.stderr}"
+
+
+def closed_port() -> socket.socket:
+    """A bound socket that does not listen: connecting to its port is refused,
+    and nothing else can take the port while the socket is open."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- command line, no Ray ---------------------------------------------------
+
+
+def test_help_documents_every_flag(cli_env: Dict[str, str]) -> None:
+    result = raydist(["run", "--help"], cli_env, timeout=60)
+    assert result.returncode == 0, explain(result)
+    _, run_parser = build_parser()
+    for action in run_parser._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no help text"
+        for option in action.option_strings:
+            assert option in result.stdout, f"{option} missing from `raydist run --help`"
+    for flag in (
+        "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers", "--nnodes", "-m",
+        "--accelerator", "--resources-per-worker", "--backend", "--max-restarts", "--address",
+        "--env", "--placement-strategy", "--timeout", "--startup-timeout", "--standalone",
+    ):
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", result.stdout), flag
+
+
+def test_choices_match_the_library() -> None:
+    from raydist import cli, placement
+
+    assert cli.ACCELERATORS == placement.ACCELERATORS
+    assert cli.PLACEMENT_STRATEGIES == placement.PLACEMENT_STRATEGIES
+
+
+def test_script_arguments_are_not_parsed() -> None:
+    _, run_parser = build_parser()
+    own, script = split_script_args(run_parser, ["-n", "2", "--env=A=1", "train.py", "--lr", "0.1", "-n", "5", "--", "x"])
+    assert own == ["-n", "2", "--env=A=1", "train.py"]
+    assert script == ["--lr", "0.1", "-n", "5", "--", "x"]
+    own, script = split_script_args(run_parser, ["-n2", "-m", "pkg.train", "--help"])
+    assert (own, script) == (["-n2", "-m", "pkg.train"], ["--help"])
+    own, script = split_script_args(run_parser, ["--max-restarts", "1", "--", "-odd-name.py", "a"])
+    assert (own, script) == (["--max-restarts", "1", "--", "-odd-name.py"], ["a"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "-n", "2", "no_such_script.py"], "no_such_script.py"),
+        (["run", "-m", "no_such_package.train"], "no_such_package.train"),
+        (["run", "--no-such-flag", "examples/ddp_torchrun.py"], "--no-such-flag"),
+        (["run", "-n", "0", "examples/ddp_torchrun.py"], "must be >= 1"),
+        (["run", "--nnodes", "1:4", "examples/ddp_torchrun.py"], "elastic"),
+        (["run", "--env", "NO_EQUALS_SIGN", "examples/ddp_torchrun.py"], "KEY=VALUE"),
+        (["run", "--resources-per-worker", "[1]", "examples/ddp_torchrun.py"], "JSON object"),
+        (["run", "-n"], "expected one argument"),
+    ],
+)
+def test_bad_command_line_fails_before_ray_starts(args: List[str], message: str, cli_env: Dict[str, str], ray_tmpdir: str) -> None:
+    started = time.monotonic()
+    result = raydist(args, cli_env, timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, explain(result)
+    assert message in result.stderr
+    assert os.listdir(ray_tmpdir) == [], "a Ray instance was started"
+    assert elapsed < 20, f"took {elapsed:.1f} s"
+
+
+def test_unreachable_address_is_named_quickly(cli_env: Dict[str, str], ray_tmpdir: str) -> None:
+    with closed_port() as sock:
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        started = time.monotonic()
+        result = raydist(["run", "--address", address, "examples/ddp_torchrun.py"], cli_env, timeout=60)
+        elapsed = time.monotonic() - started
+    assert result.returncode != 0, explain(result)
+    assert address in result.stderr, explain(result)
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+    assert os.listdir(ray_tmpdir) == []
+
+
+# -- runs on a private local Ray -------------------------------------------
+
+
+def test_torchrun_script_gives_the_same_loss_as_under_torchrun(cli_env: Dict[str, str]) -> None:
+    script = ["examples/ddp_torchrun.py", "--steps", "20", "--seed", "3", "--device", "cpu"]
+    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", *script], cli_env)
+    assert ours.returncode == 0, explain(ours)
+    assert "rank 0 of 2" in ours.stdout and "rank 1 of 2" in ours.stdout
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script],
+        cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert torchrun.returncode == 0, explain(torchrun)
+    ours_loss = FINAL_LOSS.findall(ours.stdout)
+    torchrun_loss = FINAL_LOSS.findall(torchrun.stdout)
+    assert len(ours_loss) == 1 and len(torchrun_loss) == 1, explain(ours) + explain(torchrun)
+    assert abs(float(ours_loss[0]) - float(torchrun_loss[0])) <= 1e-6, (ours_loss, torchrun_loss)
+
+
+def test_open_clip_style_example(cli_env: Dict[str, str]) -> None:
+    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "examples/open_clip_style.py", "--steps", "6"], cli_env)
+    assert result.returncode == 0, explain(result)
+    assert "world size 2, device cpu, distributed True" in result.stdout
+    for rank in (0, 1):
+        assert f"rank {rank} (local rank {rank}) got config open-clip-style-seed0" in result.stdout
+    assert "gathered from ranks [0, 1]" in result.stdout
+    assert re.search(r"final losses: \[\d+\.\d+, \d+\.\d+\]", result.stdout), explain(result)
+
+
+def test_a_raising_rank_fails_the_run_with_its_traceback(cli_env: Dict[str, str]) -> None:
+    args = ["raise", "1", "--lr", "0.1", "-n", "5"]  # the script's own flags, raydist's names included
+    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "tests/scripts/cli_fail.py", *args], cli_env)
+    assert result.returncode == 1, explain(result)
+    assert "ValueError: deliberate failure on rank 1" in result.stderr, explain(result)
+    assert "rank(s) failed: [1]" in result.stderr and "--- rank 1 [root cause]" in result.stderr
+    assert f"rank 1 started with argv {args}" in result.stdout, explain(result)
+
+
+def test_sys_exit_code_becomes_the_exit_status(cli_env: Dict[str, str]) -> None:
+    # Also: -m runs a module found from the working directory, and --standalone
+    # starts a private Ray even when RAY_ADDRESS names a cluster.
+    with closed_port() as sock:
+        env = dict(cli_env, RAY_ADDRESS=f"127.0.0.1:{sock.getsockname()[1]}")
+        result = raydist(["run", "--standalone", "-n", "2", "--accelerator=cpu", "-m", "cli_fail", "exit-3"], env, cwd=SCRIPTS)
+    assert result.returncode == 3, explain(result)
+    assert "exited with status 3" in result.stderr
+    assert "rank(s) failed: [0, 1]" in result.stderr
+
+
+# -- ray job submit on a real local cluster ----------------------------------
+
+
+class RayHead:
+    """A head node from ``ray start --head --block`` with token auth, in a temp
+    dir of its own.
+
+    ``stop`` does not use ``ray stop``, which stops every Ray on the machine
+    (other tests' included). It sends SIGTERM to the blocking ``ray start``,
+    which shuts down the processes it started; then it kills whatever is left
+    of that process tree and of processes naming this head's temp dir, and
+    nothing else.
+    """
+
+    def __init__(self) -> None:
+        self.temp_dir = short_tmpdir()
+        self.dashboard_port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
+        # Token auth stays on, with a token of this test's (no file in $HOME).
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+        # Jobs inherit the head's environment: the entrypoint's python must be this one.
+        self.env["PATH"] = os.pathsep.join([str(BIN), self.env.get("PATH", "")])
+        ports = {
+            "port": free_port(),
+            "dashboard-port": self.dashboard_port,
+            # Fixed by default (10001, 52365): free ones let other Rays run alongside.
+            "ray-client-server-port": free_port(),
+            "dashboard-agent-listen-port": free_port(),
+            "dashboard-agent-grpc-port": free_port(),
+            "runtime-env-agent-port": free_port(),
+            "metrics-export-port": free_port(),
+        }
+        command = [
+            str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
+            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+            "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", self.temp_dir,
+            *[f"--{name}={port}" for name, port in ports.items()],
+        ]
+        self.log = open(os.path.join(self.temp_dir, "ray-start.log"), "w")
+        self.process = subprocess.Popen(command, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def ray(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def wait_until_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{self.start_log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the head's job API did not come up in {timeout:g} s:\n{self.start_log()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.dashboard_port), timeout=1).close()
+            except OSError:
+                time.sleep(0.2)  # polling with a deadline
+                continue
+            if self.ray("job", "list", "--address", self.url).returncode == 0:
+                return
+
+    def start_log(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def own_processes(self) -> Dict[int, str]:
+        """pid -> command line of every live process of this head: the
+        ``ray start`` tree (job drivers included: they run in sessions of their
+        own, but are children of the job supervisor) and anything naming the
+        head's temp dir."""
+        table = process_table()
+        children: Dict[int, List[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        roots = [self.process.pid] if self.process.poll() is None else []
+        stack = [*roots, *(pid for pid, (_, _, args) in table.items() if self.temp_dir in args)]
+        found: Dict[int, str] = {}
+        while stack:
+            pid = stack.pop()
+            if pid in found or pid not in table:
+                continue
+            found[pid] = table[pid][2]
+            stack.extend(children.get(pid, []))
+        found.pop(os.getpid(), None)
+        return {pid: args for pid, args in found.items() if not table[pid][1].startswith("Z")}
+
+    def stop(self) -> None:
+        recorded = self.own_processes()  # before the tree unravels and loses its parents
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # ray start --block stops what it started
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._wait_until_gone(recorded, timeout=5)
+        for pid in self._wait_until_gone(recorded, timeout=0):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._wait_until_gone(recorded, timeout=5)
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+    def _wait_until_gone(self, recorded: Dict[int, str], timeout: float) -> List[int]:
+        """Poll until no process of this head runs; the ones still running."""
+        deadline = time.monotonic() + timeout
+        while True:
+            table = process_table()
+            # A recorded pid counts only while it runs the same command (pids are reused).
+            alive = {
+                pid
+                for pid, args in recorded.items()
+                if pid in table and table[pid][2] == args and not table[pid][1].startswith("Z")
+            }
+            alive.update(self.own_processes())
+            if not alive or time.monotonic() >= deadline:
+                return sorted(alive)
+            time.sleep(0.2)  # polling with a deadline
+
+
+def process_table() -> Dict[int, Tuple[int, str, str]]:
+    """pid -> (parent pid, state, command line) of every process, from ps."""
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    table: Dict[int, Tuple[int, str, str]] = {}
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
+            table[int(parts[0])] = (int(parts[1]), parts[2], parts[3] if len(parts) > 3 else "")
+    return table
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not (BIN / "ray").exists(), reason="the ray command is not installed next to this Python")
+def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(EXAMPLES / "ddp_torchrun.py", project / "ddp_torchrun.py")
+    head = RayHead()
+    try:
+        head.wait_until_ready()
+        job_id = f"raydist-cli-test-{uuid.uuid4().hex[:8]}"
+        submitted = head.ray(
+            "job", "submit", "--address", head.url, "--submission-id", job_id, "--working-dir", str(project),
+            "--", Path(sys.executable).name, "-m", "raydist", "run", "-n", "2", "ddp_torchrun.py", "--steps", "5", "--device", "cpu",
+            timeout=RUN_TIMEOUT_S,
+        )
+        assert submitted.returncode == 0, explain(submitted) + head.start_log()
+        status = head.ray("job", "status", "--address", head.url, job_id)
+        assert f"Job '{job_id}' succeeded" in status.stdout, explain(status)
+        logs = head.ray("job", "logs", "--address", head.url, job_id).stdout
+        for rank in (0, 1):
+            assert re.search(rf"\(rank={rank}\b.*\) rank {rank} of 2 ", logs), logs
+        assert FINAL_LOSS.search(logs), logs
+    finally:
+        head.stop()
+    assert not head.own_processes(), "processes of the test's Ray head are still running"
