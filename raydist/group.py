@@ -373,12 +373,12 @@ class WorkerGroup:
                 pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        if actors:
-            # A call on a killed actor fails once Ray knows it is dead.
-            ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
         if self._pg is not None:
             remove_placement_group(self._pg)
             self._pg = None
+        if actors:
+            # A call on a killed actor fails once Ray knows it is dead.
+            ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
         if self._rendezvous is not None:
             self._rendezvous.stop()
             self._rendezvous = None

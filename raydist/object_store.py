@@ -2,15 +2,19 @@
 
 Inside a raydist worker, ``broadcast_object`` and friends ``ray.put`` an
 object above the threshold once and send only its reference, which every
-rank reads from its node's shared memory (zero-copy for numpy arrays).
+rank reads from its node's shared memory: numpy arrays zero-copy (read-only,
+as any zero-copy Ray read), CPU tensors with a single copy into fresh memory.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict
 
+import numpy as np
 import ray
 import ray.cloudpickle
+import torch
 
 DEFAULT_THRESHOLD_BYTES = 1 << 20  # below ~1 MB pickling over the backend is as fast
 
@@ -35,6 +39,41 @@ def estimated_nbytes(obj: Any, _budget: list | None = None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _TensorAsArray:
+    """A CPU tensor carried as a numpy array: Ray stores arrays with one copy
+    and reads them zero-copy, while a pickled tensor is copied twice each way."""
+
+    array: np.ndarray
+
+
+def _numpy_compatible(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu" and not tensor.requires_grad and tensor.dtype not in (torch.bfloat16,) and not tensor.is_sparse
+
+
+def _tensors_to_arrays(obj: Any) -> Any:
+    """Swap plain CPU tensors (at top level or in dicts/lists/tuples) for arrays."""
+    if type(obj) is torch.Tensor and _numpy_compatible(obj):
+        return _TensorAsArray(obj.contiguous().numpy())
+    if type(obj) is dict:
+        return {k: _tensors_to_arrays(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_tensors_to_arrays(v) for v in obj)
+    return obj
+
+
+def _arrays_to_tensors(obj: Any) -> Any:
+    """The inverse; each tensor gets its own writable memory (the shared
+    buffer is read-only, and writing to it through torch would crash)."""
+    if isinstance(obj, _TensorAsArray):
+        return torch.from_numpy(obj.array.copy())
+    if type(obj) is dict:
+        return {k: _arrays_to_tensors(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_arrays_to_tensors(v) for v in obj)
+    return obj
+
+
 class RayObjectStoreTransport:
     """The large-object path of raydist's collectives (see raydist.collectives)."""
 
@@ -46,7 +85,7 @@ class RayObjectStoreTransport:
         return estimated_nbytes(obj) >= self.threshold_bytes
 
     def put(self, obj: Any) -> bytes:
-        ref = ray.put(obj)
+        ref = ray.put(_tensors_to_arrays(obj))
         # Plain pickle (what torch's object collectives use) makes a reference
         # that never resolves in another process; Ray's cloudpickle works.
         handle = ray.cloudpickle.dumps(ref)
@@ -54,7 +93,7 @@ class RayObjectStoreTransport:
         return handle
 
     def get(self, handle: bytes) -> Any:
-        return ray.get(ray.cloudpickle.loads(handle))
+        return _arrays_to_tensors(ray.get(ray.cloudpickle.loads(handle)))
 
     def free(self, handle: bytes) -> None:
         ref = self._owned.pop(handle, None)

@@ -36,7 +36,8 @@ def use_local_ray() -> None:
 
     if _current["kind"] != "local":
         _shutdown_current()
-        ray.init(num_cpus=LOCAL_CPUS, include_dashboard=True, log_to_driver=True)
+        # address="local": never attach to another Ray that happens to run on the machine.
+        ray.init(address="local", num_cpus=LOCAL_CPUS, include_dashboard=True, log_to_driver=True)
         _current["kind"] = "local"
 
 
