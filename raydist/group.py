@@ -247,7 +247,7 @@ class WorkerGroup:
 
     def _gather(self, refs: List[ray.ObjectRef], timeout: Optional[float], stage: str) -> List[Any]:
         """Wait for a start-up step on every worker, with progress if it is slow."""
-        with tqdm(total=len(refs), desc=f"raydist: workers {stage}", unit="worker", delay=2.0) as bar:
+        with tqdm(total=len(refs), desc=f"raydist: workers {stage}", unit="worker", delay=5.0) as bar:
             return self._collect(refs, timeout, progress=bar)
 
     # -- calls --------------------------------------------------------------

@@ -108,9 +108,14 @@ def per_node_text(per_node: List[Mapping[str, float]]) -> str:
 
 
 def cluster_has_autoscaler() -> bool:
-    """True when an autoscaler may add nodes (so an unmet request may still be met)."""
+    """True when an autoscaler may add nodes (so an unmet request may still be met).
+
+    Every head runs a monitor; without a cluster config it uses Ray's
+    read-only provider, whose node types are just ``node_<node id>``.
+    """
     try:
         from ray._private import ray_constants
+        from ray.autoscaler._private.util import format_readonly_node_type
         from ray.experimental.internal_kv import internal_kv_get_gcs_client
 
         gcs = internal_kv_get_gcs_client()
@@ -121,8 +126,9 @@ def cluster_has_autoscaler() -> bool:
         if v2 == b"1":
             return True
         status = gcs.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), namespace=None)
-        # Every head runs a monitor; only one started with a cluster config has node types.
-        return bool(status and json.loads(status).get("load_metrics_report", {}).get("node_types"))
+        report = json.loads(status).get("autoscaler_report") or {} if status else {}
+        types = (report.get("node_type_mapping") or {}).items()
+        return any(node_type != format_readonly_node_type(node) for node, node_type in types)
     except Exception:
         return False
 
@@ -155,7 +161,7 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], num_work
     ready = pg.ready()
     deadline = time.monotonic() + startup_timeout
     # The bar only appears if placement takes more than a moment.
-    with tqdm(total=num_workers, desc="raydist: workers placed", unit="worker", delay=2.0) as bar:
+    with tqdm(total=num_workers, desc="raydist: workers placed", unit="worker", delay=5.0) as bar:
         while True:
             remaining = deadline - time.monotonic()
             done, _ = ray.wait([ready], timeout=max(0.0, min(1.0, remaining)))

@@ -224,3 +224,17 @@ def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> Non
             raydist.run(lambda: None, num_workers=1, accelerator="gpu", startup_timeout=2)
         assert 2 <= time.monotonic() - start < 2 + INFEASIBLE_BOUND_S
     assert live_placement_groups() == []
+
+
+@pytest.mark.usefixtures("two_gpu_cluster")
+def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydist import placement
+
+    assert not placement.cluster_has_autoscaler()  # a plain cluster: no node types to add
+    monkeypatch.setattr(placement, "cluster_has_autoscaler", lambda: True)
+    start = time.monotonic()
+    with pytest.raises(raydist.InfeasibleResourcesError, match="gave up after 2 s") as caught:
+        raydist.run(lambda: None, num_workers=8, accelerator="gpu", startup_timeout=2)
+    assert time.monotonic() - start >= 2  # it waited for nodes that might come
+    assert "GPU: 2" in str(caught.value)
+    assert live_placement_groups() == []
