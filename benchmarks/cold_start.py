@@ -224,6 +224,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"TorchTrainer anchor: {train_version()}")
     for name, reason in unavailable.items():
         print(f"{name} unavailable: {reason}")
+    if "raydist" in unavailable:
+        sys.exit(1)  # an anchor may be missing; raydist failing is a failure
 
 
 if __name__ == "__main__":

@@ -70,16 +70,30 @@ class CliError(Exception):
 # -- argument types ---------------------------------------------------------
 
 
+def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: ``kind(value)``, at least ``minimum`` (above it if ``strict``)."""
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {value!r}") from None
+        if number < minimum or (strict and number == minimum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return number
+
+    return parse
+
+
+_positive_int = _number(int, 1)
+_non_negative_int = _number(int, 0)
+_positive_seconds = _number(float, 0, strict=True)
+
+
 def _nproc(value: str) -> Optional[int]:
-    if value.strip().lower() == "auto":
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'auto'), got {number}")
-    return number
+    """An int >= 1, or ``auto`` (None: one worker per accelerator or CPU)."""
+    return None if value.strip().lower() == "auto" else _positive_int(value)
 
 
 def _nnodes(value: str) -> int:
@@ -87,33 +101,7 @@ def _nnodes(value: str) -> int:
         raise argparse.ArgumentTypeError(
             f"elastic node ranges ({value!r}) are not supported: give a fixed number of nodes"
         )
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
-
-
-def _positive_seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
+    return _positive_int(value)
 
 
 def _resources(value: str) -> Dict[str, float]:
