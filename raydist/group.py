@@ -46,6 +46,8 @@ __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
 FAILURE_GRACE_S = 0.5
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
+# How long a call's first, all-ranks wait lasts before failure-aware waiting.
+FAST_PATH_S = 0.05
 # Calls up to this size travel inside each actor task (no object-store round trip).
 INLINE_CALL_BYTES = 64 * 1024
 _RemoteWorker = ray.remote(RayWorker)
@@ -87,7 +89,9 @@ def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
 
 
 def ensure_ray(address: Optional[str] = None) -> None:
-    """Connect to ``address`` (or RAY_ADDRESS), else start a local Ray, unless already up."""
+    """Connect to ``address`` (or RAY_ADDRESS) unless Ray is already up; else
+    ``ray.init()``, which joins a cluster started with ``ray start`` on this
+    machine or starts a local one."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
@@ -333,6 +337,13 @@ class WorkerGroup:
                 progress.update(len(ready))
 
         try:
+            # Fast path: a short call is usually back on every rank within
+            # FAST_PATH_S (ray.wait returns as soon as all are ready); only
+            # then fall back to one-at-a-time waiting that spots failures early.
+            first_wait = FAST_PATH_S if timeout is None else min(timeout, FAST_PATH_S)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=first_wait)
+            if len(ready) == len(refs):
+                take(ready)
             while pending and not failures:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)

@@ -16,7 +16,9 @@ import ray
 import ray.cloudpickle
 import torch
 
-DEFAULT_THRESHOLD_BYTES = 1 << 20  # below ~1 MB pickling over the backend is as fast
+# Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
+# broadcast, 1-2 MB for all-gather (benchmarks/collectives.py).
+DEFAULT_THRESHOLD_BYTES = 4 << 20
 
 _MAX_ITEMS = 10_000  # do not walk huge containers just to size them
 
