@@ -1,10 +1,9 @@
-"""raydist.compat keeps the seed's (open_clip's) distributed helpers: the same
+"""raydist.compat keeps open_clip's distributed helpers: the same
 names and signatures, driven through an argparse.Namespace as open_clip's main does."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import sys
 import warnings
@@ -23,11 +22,9 @@ from core_launch import clear_launcher_vars, load_results, run_torchrun  # noqa:
 
 pytestmark = pytest.mark.timeout(120)
 
-SEED_PATH = Path(__file__).resolve().parents[2] / "shared/seed/open_clip_distributed.py"
 REQUIRED = object()  # marks a parameter without default
 
-# The seed's public functions and their parameters (name, default), kept here so
-# the check does not depend on the seed file being around.
+# open_clip's public distributed helpers and their parameters (name, default).
 SEED_SIGNATURES: Dict[str, List[Tuple[str, Any]]] = {
     "is_global_master": [("args", REQUIRED)],
     "is_local_master": [("args", REQUIRED)],
@@ -60,23 +57,6 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 # -- names and signatures ---------------------------------------------------
-
-
-def _seed_functions_from_ast(source: str) -> Dict[str, List[Tuple[str, Any]]]:
-    functions: Dict[str, List[Tuple[str, Any]]] = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            params = node.args.posonlyargs + node.args.args
-            defaults: List[Any] = [REQUIRED] * (len(params) - len(node.args.defaults))
-            defaults += [ast.literal_eval(d) for d in node.args.defaults]
-            functions[node.name] = [(p.arg, d) for p, d in zip(params, defaults)]
-    return functions
-
-
-def test_hard_coded_list_matches_the_seed_file() -> None:
-    if not SEED_PATH.is_file():
-        pytest.skip("the seed file is not next to this checkout")
-    assert _seed_functions_from_ast(SEED_PATH.read_text(encoding="utf-8")) == SEED_SIGNATURES
 
 
 @pytest.mark.parametrize("name", sorted(SEED_SIGNATURES))
