@@ -26,7 +26,7 @@ from raydist.devices import (
     is_device_available,
     set_device,
 )
-from raydist.environment import is_using_distributed, read_world_info
+from raydist.environment import WorldInfo, is_using_distributed, read_world_info
 
 HOROVOD_INSTALL_HINT = (
     "horovod is not installed: install it with scripts/install-horovod.sh "
@@ -129,7 +129,7 @@ def init_distributed(
         if horovod:
             hvd = import_horovod()
             hvd.init()
-            world = world.__class__(
+            world = WorldInfo(
                 rank=hvd.rank(),
                 local_rank=hvd.local_rank(),
                 world_size=hvd.size(),
@@ -143,7 +143,7 @@ def init_distributed(
                 _init_torch_distributed(backend, dist_url, timeout)
             backend = str(dist.get_backend())
             # The process group is the truth; the environment may be stale.
-            world = world.__class__(
+            world = WorldInfo(
                 rank=dist.get_rank(),
                 local_rank=world.local_rank,
                 world_size=dist.get_world_size(),
@@ -152,7 +152,7 @@ def init_distributed(
             )
             distributed = True
         else:
-            world = world.__class__()
+            world = WorldInfo()
             backend = None
 
         if distributed and not no_set_device_rank and device_type not in ("cpu", "mps"):
