@@ -9,15 +9,18 @@ several raylets sharing one IP are still told apart.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import psutil
 import ray
 
 from raydist.layout import WorkerInfo
 
+if TYPE_CHECKING:  # horovod is imported only when a horovod group starts
+    from horovod.runner.common.util.hosts import SlotInfo
 
-def host_plan(workers: Sequence[WorkerInfo]) -> List["SlotInfo"]:  # noqa: F821 - horovod type
+
+def host_plan(workers: Sequence[WorkerInfo]) -> List["SlotInfo"]:
     """Horovod's slot for each rank, from raydist's layout."""
     from horovod.runner.common.util.hosts import SlotInfo
 
