@@ -105,7 +105,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import ray
 
     from raydist import WorkerGroup
-    from raydist.object_store import DEFAULT_THRESHOLD_BYTES
+    from raydist.pool.object_store import DEFAULT_THRESHOLD_BYTES
 
     from _common import fmt_bytes, fmt_ms, fmt_ratio, header, init_ray, median, print_table, verdict
 

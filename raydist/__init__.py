@@ -9,39 +9,40 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydist.collectives import (
+from raydist.core import compat
+from raydist.core.collectives import (
     all_gather_object,
     barrier,
     broadcast_object,
     gather_object,
     scatter_object,
 )
-from raydist.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
-from raydist.initialize import DistInfo, get_context, init_distributed, shutdown
+from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
+from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
 
 __version__ = "0.1.0"
 
 # Public names that need Ray, resolved lazily by __getattr__.
 _RAY_EXPORTS = {
     "run": "raydist.api",
-    "WorkerGroup": "raydist.group",
-    "WorkerFuture": "raydist.group",
-    "WorkerInfo": "raydist.group",
-    "WorkerGroupError": "raydist.errors",
-    "WorkerFailure": "raydist.errors",
-    "WorkerGroupTimeout": "raydist.errors",
-    "InfeasibleResourcesError": "raydist.errors",
+    "WorkerGroup": "raydist.pool.group",
+    "WorkerFuture": "raydist.pool.group",
+    "WorkerInfo": "raydist.pool.group",
+    "WorkerGroupError": "raydist.pool.errors",
+    "WorkerFailure": "raydist.pool.errors",
+    "WorkerGroupTimeout": "raydist.pool.errors",
+    "InfeasibleResourcesError": "raydist.pool.errors",
 }
 
 if TYPE_CHECKING:
     from raydist.api import run
-    from raydist.errors import (
+    from raydist.pool.errors import (
         InfeasibleResourcesError,
         WorkerFailure,
         WorkerGroupError,
         WorkerGroupTimeout,
     )
-    from raydist.group import WorkerFuture, WorkerGroup, WorkerInfo
+    from raydist.pool.group import WorkerFuture, WorkerGroup, WorkerInfo
 
 
 def __getattr__(name: str) -> Any:
@@ -57,6 +58,7 @@ __all__ = [
     "DistInfo",
     "all_gather_object",
     "barrier",
+    "compat",
     "broadcast_object",
     "gather_object",
     "get_context",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from raydist.errors import WorkerGroupError
-from raydist.group import WorkerGroup, _check_num_workers, pickle_call
-from raydist.object_store import DEFAULT_THRESHOLD_BYTES
+from raydist.pool.errors import WorkerGroupError
+from raydist.pool.group import WorkerGroup, _check_num_workers, pickle_call
+from raydist.pool.object_store import DEFAULT_THRESHOLD_BYTES
 
 
 def run(

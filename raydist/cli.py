@@ -42,7 +42,7 @@ OUTPUT_DRAIN_TIMEOUT_S = 5.0
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
 
-# As in raydist.placement, which imports Ray: `raydist run --help` should not.
+# As in raydist.pool.placement, which imports Ray: `raydist run --help` should not.
 ACCELERATORS = ("auto", "gpu", "npu", "cpu")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -497,8 +497,8 @@ def execute(plan: RunPlan, options: argparse.Namespace) -> int:
     import ray
 
     from raydist.api import run
-    from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout
-    from raydist.script import run_script
+    from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout
+    from raydist.pool.script import run_script
 
     name = plan.target_as_typed
     drain = OutputDrain()

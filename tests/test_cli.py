@@ -99,7 +99,8 @@ def test_help_documents_every_flag(cli_env: Dict[str, str]) -> None:
 
 
 def test_choices_match_the_library() -> None:
-    from raydist import cli, placement
+    from raydist import cli
+    from raydist.pool import placement
 
     assert cli.ACCELERATORS == placement.ACCELERATORS
     assert cli.PLACEMENT_STRATEGIES == placement.PLACEMENT_STRATEGIES

@@ -47,12 +47,12 @@ CHILD = textwrap.dedent(
         report["ray_hidden"] = True
 
     import raydist
-    import raydist.collectives
-    import raydist.compat
-    import raydist.devices
-    import raydist.environment
-    import raydist.initialize
-    from raydist import compat
+    import raydist.core.collectives
+    import raydist.core.compat
+    import raydist.core.devices
+    import raydist.core.environment
+    import raydist.core.initialize
+    from raydist.core import compat
 
     info = raydist.init_distributed(device="cpu")
     report["record"] = [info.rank, info.world_size, info.distributed, info.device, info.backend]

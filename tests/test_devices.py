@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raydist import devices
+from raydist.core import devices
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ from typing import Dict, Sequence
 
 import pytest
 
-from raydist.environment import (
+from raydist.core.environment import (
     LOCAL_RANK_VARS,
     LOCAL_WORLD_SIZE_VARS,
     NODE_RANK_VARS,

@@ -228,7 +228,7 @@ def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> Non
 
 @pytest.mark.usefixtures("two_gpu_cluster")
 def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydist import placement
+    from raydist.pool import placement
 
     assert not placement.cluster_has_autoscaler()  # a plain cluster: no node types to add
     monkeypatch.setattr(placement, "cluster_has_autoscaler", lambda: True)

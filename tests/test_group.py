@@ -11,7 +11,7 @@ import torch.distributed as dist
 from conftest import live_placement_groups, live_raydist_actors
 
 import raydist
-from raydist.environment import torchrun_env
+from raydist.core.environment import torchrun_env
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
 

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import raydist
-from raydist import initialize
-from raydist.devices import accelerator_type
-from raydist.initialize import DistInfo
+from raydist.core import initialize
+from raydist.core.devices import accelerator_type
+from raydist.core.initialize import DistInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 from core_launch import clear_launcher_vars  # noqa: E402

@@ -12,8 +12,8 @@ import torch
 from conftest import ray_address, use_local_ray
 
 import raydist
-from raydist import collectives
-from raydist.object_store import estimated_nbytes
+from raydist.core import collectives
+from raydist.pool.object_store import estimated_nbytes
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
 

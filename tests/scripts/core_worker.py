@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import raydist
 from core_launch import write_result
-from raydist.environment import read_world_info
+from raydist.core.environment import read_world_info
 
 
 def _value_error(call: Any) -> str:
@@ -69,7 +69,7 @@ def main(outdir: Path) -> None:
 
     raydist.shutdown()
     result["initialized_after_shutdown"] = dist.is_initialized()
-    result["context_after_shutdown"] = raydist.initialize._context is None
+    result["context_after_shutdown"] = raydist.core.initialize._context is None
     write_result(outdir, rank, result)
 
 

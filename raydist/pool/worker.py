@@ -13,10 +13,10 @@ from typing import Any, Dict, Mapping, Optional
 import ray
 import ray.cloudpickle
 
-from raydist import collectives
-from raydist.initialize import DistInfo, init_distributed, shutdown
-from raydist.layout import Placement, WorkerInfo
-from raydist.object_store import RayObjectStoreTransport
+from raydist.core import collectives
+from raydist.core.initialize import DistInfo, init_distributed, shutdown
+from raydist.pool.layout import Placement, WorkerInfo
+from raydist.pool.object_store import RayObjectStoreTransport
 
 # Ray's log monitor takes a line starting with this as the actor's name, and
 # prefixes the actor's output with it: "(rank=3 pid=...)".
@@ -93,7 +93,7 @@ class RayWorker:
         if init_kwargs is None:
             return None
         if init_kwargs.get("horovod") and "HOROVOD_GLOO_IFACE" not in os.environ:
-            from raydist.horovod import interface_for_ip
+            from raydist.pool.horovod import interface_for_ip
 
             interface = interface_for_ip(worker.node_ip)
             if interface:

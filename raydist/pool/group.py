@@ -21,12 +21,12 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm.auto import tqdm
 
-from raydist.environment import torchrun_env
-from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupTimeout
-from raydist.initialize import DistInfo, import_horovod
-from raydist.layout import Placement, WorkerInfo, assign_ranks
-from raydist.object_store import DEFAULT_THRESHOLD_BYTES
-from raydist.placement import (
+from raydist.core.environment import torchrun_env
+from raydist.pool.errors import WorkerFailure, WorkerGroupError, WorkerGroupTimeout
+from raydist.core.initialize import DistInfo, import_horovod
+from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
+from raydist.pool.object_store import DEFAULT_THRESHOLD_BYTES
+from raydist.pool.placement import (
     ACCELERATORS,
     DEVICE_OF_RESOURCE,
     PLACEMENT_STRATEGIES,
@@ -37,7 +37,7 @@ from raydist.placement import (
     resolve_accelerator,
     worker_bundle,
 )
-from raydist.worker import Outcome, RayWorker
+from raydist.pool.worker import Outcome, RayWorker
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
 
@@ -215,7 +215,7 @@ class WorkerGroup:
         run_id = uuid.uuid4().hex
         extra_env: List[Dict[str, str]] = [{} for _ in self._workers]
         if self._horovod:
-            from raydist.horovod import HorovodRendezvous
+            from raydist.pool.horovod import HorovodRendezvous
 
             self._rendezvous = HorovodRendezvous(self._workers)
             extra_env = self._rendezvous.worker_envs()

@@ -13,7 +13,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from tqdm.auto import tqdm
 
-from raydist.errors import InfeasibleResourcesError
+from raydist.pool.errors import InfeasibleResourcesError
 
 ACCELERATORS = ("auto", "gpu", "npu", "cpu")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -77,7 +77,7 @@ def _arrays_to_tensors(obj: Any) -> Any:
 
 
 class RayObjectStoreTransport:
-    """The large-object path of raydist's collectives (see raydist.collectives)."""
+    """The large-object path of raydist's collectives (see raydist.core.collectives)."""
 
     def __init__(self, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES):
         self.threshold_bytes = threshold_bytes

@@ -3,7 +3,7 @@
 With world size 1 they need no process group. Inside a raydist Ray worker a
 large object does not travel through the communication backend: it is put once
 in Ray's object store and only a small reference is sent (see
-``raydist.object_store``); every other case pickles through the backend.
+``raydist.pool.object_store``); every other case pickles through the backend.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from raydist.initialize import DistInfo, get_context, import_horovod
+from raydist.core.initialize import DistInfo, get_context, import_horovod
 
 
 class LargeObjectTransport(Protocol):

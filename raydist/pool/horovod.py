@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import psutil
 import ray
 
-from raydist.layout import WorkerInfo
+from raydist.pool.layout import WorkerInfo
 
 if TYPE_CHECKING:  # horovod is imported only when a horovod group starts
     from horovod.runner.common.util.hosts import SlotInfo

@@ -19,14 +19,14 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from raydist.devices import (
+from raydist.core.devices import (
     accelerator_type,
     default_backend,
     device_type_of,
     is_device_available,
     set_device,
 )
-from raydist.environment import WorldInfo, is_using_distributed, read_world_info
+from raydist.core.environment import WorldInfo, is_using_distributed, read_world_info
 
 HOROVOD_INSTALL_HINT = (
     "horovod is not installed: install it with scripts/install-horovod.sh "

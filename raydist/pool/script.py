@@ -125,7 +125,7 @@ def _write_end_marker(end_marker: str, attempt: int, rank: int) -> None:
 
 def _leave_process_group() -> None:
     """Destroy what the script (or raydist, for ``--backend``) initialised."""
-    from raydist.initialize import shutdown
+    from raydist.core.initialize import shutdown
 
     try:
         shutdown()

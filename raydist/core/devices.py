@@ -15,6 +15,8 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from raydist.core.accelerators import BY_DEVICE_TYPE
+
 KNOWN_DEVICE_TYPES = ("cuda", "npu", "xpu", "hpu", "mps", "cpu")
 
 # Extension that registers the device with torch, for kinds torch lacks natively.
@@ -108,21 +110,19 @@ def _has_backend(name: str) -> bool:
 def default_backend(device_type: str) -> str:
     """The torch.distributed backend for a device kind on the installed torch.
 
-    cuda->nccl, npu/hpu->hccl, xpu->xccl (ccl where only oneCCL bindings exist),
-    everything else (cpu, mps, unknown)->gloo.
+    The accelerator table's backend (cuda->nccl, npu/hpu->hccl, xpu->xccl),
+    except that xpu falls back to ccl where only oneCCL bindings exist, then
+    gloo; everything else (cpu, mps, unknown) gets gloo.
     """
-    if device_type == "cuda":
-        return "nccl"
-    if device_type in ("npu", "hpu"):
-        return "hccl"
-    if device_type == "xpu":
-        if _has_backend("xccl"):
-            return "xccl"
+    row = BY_DEVICE_TYPE.get(device_type)
+    if row is None:
+        return "gloo"
+    if device_type == "xpu" and not _has_backend("xccl"):
         if importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None:
             return "ccl"
         warnings.warn("no xccl or oneCCL backend for xpu in this torch; using gloo")
         return "gloo"
-    return "gloo"
+    return row.default_backend
 
 
 def accelerator_type() -> str:

@@ -1,7 +1,7 @@
 """open_clip-compatible helpers: the same names and signatures over raydist's core.
 
 A training script written against open_clip's ``distributed`` module switches
-its import to ``from raydist import compat as distributed`` and runs unchanged,
+its import to ``from raydist.core import compat as distributed`` and runs unchanged,
 under torchrun, SLURM, horovodrun or ``raydist run``.
 """
 
@@ -11,10 +11,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from raydist import collectives
-from raydist.devices import is_device_available, set_device
-from raydist.environment import is_using_distributed, is_using_horovod, world_info_from_env
-from raydist.initialize import init_distributed
+from raydist.core import collectives
+from raydist.core.devices import is_device_available, set_device
+from raydist.core.environment import is_using_distributed, is_using_horovod, world_info_from_env
+from raydist.core.initialize import init_distributed
 
 __all__ = [
     "is_global_master",

@@ -1,0 +1,272 @@
+"""Every option of ``raydist.run``, ``WorkerGroup`` and ``raydist run``, in one place.
+
+``RunConfig`` is frozen and Ray-free: each default is written once here and
+every check runs when it is built, before Ray is touched, so bad input fails
+at once with the option's name. The CLI builds one from flags, ``run`` and
+``WorkerGroup`` from keywords; the worker group only reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from raydist.core.accelerators import (
+    ACCELERATOR_CHOICES,
+    BY_NAME,
+    DEVICE_RESOURCES,
+    VISIBLE_DEVICES_VARS,
+)
+
+PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
+# broadcast, 1-2 MB for all-gather (benchmarks/collectives.py).
+DEFAULT_OBJECT_STORE_THRESHOLD = 4 << 20
+
+# The launcher variables raydist sets per rank: an override would give ranks
+# a world that disagrees with the real one (a hang, or a port clash).
+RESERVED_ENV_VARS = frozenset(
+    {
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+        "RAYDIST_DEVICE_INDEX", *VISIBLE_DEVICES_VARS,
+    }
+)
+RESERVED_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "HOROVOD_GLOO_RENDEZVOUS_")
+
+# Ray's built-in resources, spelled as Ray spells them ("gpu" is a typo, not a custom resource).
+_RAY_RESOURCES = ("CPU", "memory", "object_store_memory", *DEVICE_RESOURCES)
+# Ray names placement-group resources "<name>_group_<index>_<pg id>" and "bundle_group_<pg id>".
+_PLACEMENT_GROUP_RESOURCE = re.compile(r"^bundle$|^bundle_group_|_group_(\d+_)?[0-9a-f]{16,}$")
+# Ray counts resources in units of 1/10000.
+_RESOURCE_PRECISION = 1e-4
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {_type_name(value)} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number of seconds, not {_type_name(value)} {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {_type_name(value)} {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` matched case-insensitively against ``choices``, or ValueError listing them."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string (one of {', '.join(choices)}), not {_type_name(value)}")
+    for choice in choices:
+        if value.lower() == choice.lower():
+            return choice
+    raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
+
+
+def check_resources(resources: Any) -> Dict[str, float]:
+    """``resources_per_worker`` as a plain dict of floats; TypeError/ValueError naming the entry."""
+    if not isinstance(resources, Mapping):
+        raise TypeError(
+            f'resources_per_worker must be a mapping such as {{"CPU": 2, "GPU": 1}}, not {_type_name(resources)}'
+        )
+    checked: Dict[str, float] = {}
+    for name, amount in resources.items():
+        where = f"resources_per_worker[{name!r}]"
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"resources_per_worker keys must be non-empty resource names, got {name!r}")
+        for known in _RAY_RESOURCES:
+            if name != known and name.lower() == known.lower():
+                raise ValueError(f"{where}: Ray's resource is spelled {known!r}")
+        if _PLACEMENT_GROUP_RESOURCE.search(name):
+            raise ValueError(f"{where}: names of this form are Ray's placement-group resources")
+        if not _is_number(amount):
+            raise TypeError(f"{where} must be a number, not {_type_name(amount)} {amount!r}")
+        if not math.isfinite(amount) or amount < 0:
+            raise ValueError(f"{where} must be a finite number >= 0, got {amount!r}")
+        if amount and amount < _RESOURCE_PRECISION:
+            raise ValueError(f"{where}={amount!r}: Ray counts resources in steps of {_RESOURCE_PRECISION:g}")
+        if name in DEVICE_RESOURCES and amount > 1 and not float(amount).is_integer():
+            raise ValueError(
+                f"{where}={amount!r}: a worker either shares one device (an amount below 1) "
+                "or holds whole devices (a whole number)"
+            )
+        checked[name] = float(amount)
+    return checked
+
+
+def check_env(env: Any) -> Dict[str, str]:
+    """Extra worker variables: strings only, none of the launcher variables raydist sets."""
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of variable names to strings, not {_type_name(env)}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ValueError(f"env key {key!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise TypeError(f"env[{key!r}] must be a string, not {_type_name(value)} {value!r}")
+        if key in RESERVED_ENV_VARS or key.startswith(RESERVED_ENV_PREFIXES):
+            raise ValueError(
+                f"env[{key!r}]: raydist sets {key} on every rank from where the workers run; "
+                "choose the world with num_workers / resources_per_worker instead"
+            )
+    return dict(env)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The options of one run. Built once (checked in ``__post_init__``), never changed.
+
+    num_workers: ranks to start; None means one per device of the chosen kind
+        in the cluster, or one per CPU slot when there are none.
+    accelerator: "auto" (GPU if the cluster has GPUs, else NPU, else HPU, else
+        CPU), or one of "gpu", "xpu", "npu", "hpu", "cpu".
+    resources_per_worker: Ray resources per worker, added to or overriding
+        the default of 1 CPU plus 1 device, e.g. ``{"CPU": 4}``, ``{"GPU": 2}``
+        or ``{"GPU": 0.5}``.
+    backend: torch.distributed backend (default: the device's: nccl, hccl,
+        xccl, gloo), or "horovod" to run hvd.init() instead.
+    env: extra environment variables for every worker (not the launcher's own).
+    placement_strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
+    timeout: seconds a call may take; then WorkerGroupTimeout names the
+        ranks that had not finished. None: no limit.
+    startup_timeout: seconds to wait for the cluster to provide the workers
+        and for them to initialise; a request that can never fit fails at once.
+    max_restarts: rebuild the group and run again this many times after a
+        worker dies (after any failure with ``retry_on_exception``).
+    address: the Ray cluster to connect to when Ray is not initialised (else
+        RAY_ADDRESS, else a local Ray is started).
+    init_process_group: initialise torch.distributed before the function runs.
+    object_store_threshold: objects at least this many bytes travel through
+        Ray's object store in raydist's object collectives (None: never).
+    """
+
+    num_workers: Optional[int] = None
+    accelerator: str = "auto"
+    resources_per_worker: Mapping[str, float] = field(default_factory=dict)
+    backend: Optional[str] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    placement_strategy: str = "PACK"
+    timeout: Optional[float] = None
+    startup_timeout: float = 300.0
+    max_restarts: int = 0
+    retry_on_exception: bool = False
+    address: Optional[str] = None
+    init_process_group: bool = True
+    object_store_threshold: Optional[int] = DEFAULT_OBJECT_STORE_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None:
+            _check_int("num_workers", self.num_workers, 1)
+        self._set("accelerator", _check_choice("accelerator", self.accelerator, ACCELERATOR_CHOICES))
+        self._set("resources_per_worker", check_resources({} if self.resources_per_worker is None else self.resources_per_worker))
+        self._check_devices()
+        if self.backend is not None:
+            if not isinstance(self.backend, str) or not self.backend.strip():
+                raise TypeError(f"backend must be a backend name such as 'gloo' or 'horovod', not {self.backend!r}")
+            self._set("backend", self.backend.strip().lower())
+        self._set("env", check_env({} if self.env is None else self.env))
+        self._set("placement_strategy", _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES))
+        if self.timeout is not None:
+            self._set("timeout", _check_seconds("timeout", self.timeout))
+        self._set("startup_timeout", _check_seconds("startup_timeout", self.startup_timeout))
+        _check_int("max_restarts", self.max_restarts, 0)
+        _check_bool("retry_on_exception", self.retry_on_exception)
+        _check_bool("init_process_group", self.init_process_group)
+        if self.backend is not None and self.backend != "horovod" and not self.init_process_group:
+            raise ValueError(f"backend={self.backend!r} has no effect with init_process_group=False")
+        if self.object_store_threshold is not None:
+            _check_int("object_store_threshold", self.object_store_threshold, 0)
+        self._check_address()
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # normalising inside a frozen dataclass
+
+    def _check_devices(self) -> None:
+        resources = self.resources_per_worker
+        if self.accelerator == "cpu":
+            asked = [name for name in DEVICE_RESOURCES if resources.get(name, 0) > 0]
+            if asked:
+                raise ValueError(f"resources_per_worker asks for {asked[0]} but accelerator='cpu'")
+            if resources and not any(resources.values()) and resources.get("CPU", 1) == 0:
+                raise ValueError("resources_per_worker leaves a CPU worker with no resources at all")
+        elif self.accelerator != "auto":
+            resource = BY_NAME[self.accelerator].ray_resource
+            if resources.get(resource, 1) == 0:
+                raise ValueError(
+                    f"resources_per_worker sets {resource} to 0 but accelerator={self.accelerator!r} needs it"
+                )
+
+    def _check_address(self) -> None:
+        if self.address is None:
+            return
+        if not isinstance(self.address, str) or not self.address.strip():
+            raise TypeError(f"address must be a Ray address such as 'HOST:6379', not {self.address!r}")
+        if self.address.startswith(("http://", "https://")):
+            raise ValueError(
+                f"address {self.address!r} is a dashboard / job API address; give the cluster's "
+                "GCS address (HOST:6379), or submit the run as a job: "
+                f"ray job submit --address {self.address} -- raydist run ..."
+            )
+
+    @property
+    def horovod(self) -> bool:
+        return self.backend == "horovod"
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with ``changes`` applied (and checked)."""
+        return dataclasses.replace(self, **changes)
+
+
+OPTION_NAMES: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def make_config(config: Optional[RunConfig], options: Mapping[str, Any]) -> RunConfig:
+    """``config`` (or the defaults) with keyword ``options`` applied; TypeError for unknown names."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unexpected option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(OPTION_NAMES)}")
+    if config is not None and not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a raydist.RunConfig, not {_type_name(config)}")
+    return (config or RunConfig()).replace(**options) if options or config is None else config
+
+
+def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The call's arguments as a tuple and a dict; TypeError for what cannot run on a worker."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {_type_name(fn)}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"fn {getattr(fn, '__name__', fn)!r} is an async function; pass a plain function")
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"fn {getattr(fn, '__name__', fn)!r} is a generator function; its values would never "
+            "run on the workers: return a list instead"
+        )
+    if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list of positional arguments, not {_type_name(args)} {args!r}")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise TypeError(f"kwargs must be a mapping of argument names to values, not {_type_name(kwargs)}")
+    return tuple(args), dict(kwargs)
+
+
+__all__ = ["RunConfig", "OPTION_NAMES", "PLACEMENT_STRATEGIES", "make_config", "check_call"]

@@ -1,0 +1,1 @@
+"""The Ray half: placement, rank layout, worker actors and the worker group."""
