@@ -105,7 +105,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import ray
 
     from raydist import WorkerGroup
-    from raydist.pool.object_store import DEFAULT_THRESHOLD_BYTES
+    from raydist.config import DEFAULT_OBJECT_STORE_THRESHOLD
 
     from _common import fmt_bytes, fmt_ms, fmt_ratio, header, init_ray, median, print_table, verdict
 
@@ -116,7 +116,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     capped: Dict[tuple, int] = {}
     try:
         with WorkerGroup(args.workers) as group:
-            group.run(time_collectives, ("broadcast", "numpy", DEFAULT_THRESHOLD_BYTES, 1))  # warm both paths
+            group.run(time_collectives, ("broadcast", "numpy", DEFAULT_OBJECT_STORE_THRESHOLD, 1))  # warm both paths
             for nbytes in sizes:
                 reps = max(1, reps_for(nbytes) // (2 if args.quick else 1))
                 for kind in args.kinds:
@@ -153,7 +153,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 rows.append([fmt_bytes(nbytes), kind, op, fmt_ms(torch_s), fmt_ms(ray_s), fmt_ratio(torch_s, ray_s), reps])
     print_table(
         f"Object collectives among {args.workers} ranks (slowest rank, median over reps; "
-        f"raydist object-store threshold {fmt_bytes(DEFAULT_THRESHOLD_BYTES)})",
+        f"raydist object-store threshold {fmt_bytes(DEFAULT_OBJECT_STORE_THRESHOLD)})",
         ["size", "payload", "collective", "torch.distributed (gloo)", "raydist", "torch / raydist", "reps"],
         rows,
     )

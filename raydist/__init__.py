@@ -18,6 +18,7 @@ from raydist.core.collectives import (
     scatter_object,
 )
 from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
+from raydist.config import RunConfig
 from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ _RAY_EXPORTS = {
     "WorkerFailure": "raydist.pool.errors",
     "WorkerGroupTimeout": "raydist.pool.errors",
     "InfeasibleResourcesError": "raydist.pool.errors",
+    "WorkerStartupTimeout": "raydist.pool.errors",
 }
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
         WorkerFailure,
         WorkerGroupError,
         WorkerGroupTimeout,
+        WorkerStartupTimeout,
     )
     from raydist.pool.group import WorkerFuture, WorkerGroup, WorkerInfo
 
@@ -56,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DistInfo",
+    "RunConfig",
     "all_gather_object",
     "barrier",
     "compat",

@@ -21,7 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
+import re
 import sys
 import threading
 import uuid
@@ -29,22 +29,28 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from raydist import __version__
+from raydist.config import PLACEMENT_STRATEGIES, RunConfig
+from raydist.core.accelerators import ACCELERATOR_CHOICES
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-# A TCP probe bounds the wait for an unreachable address (ray.init itself
-# retries for minutes); the watchdog bounds a reachable port that is no Ray.
-PROBE_TIMEOUT_S = 5.0
-CONNECT_TIMEOUT_S = 60.0
 # How long the driver waits for the workers' last output lines to arrive.
 OUTPUT_DRAIN_TIMEOUT_S = 5.0
-DEFAULT_GCS_PORT = 6379
-DEFAULT_CLIENT_PORT = 10001
 
-# As in raydist.pool.placement, which imports Ray: `raydist run --help` should not.
-ACCELERATORS = ("auto", "gpu", "npu", "cpu")
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# The flag behind each RunConfig option, so that a rejected value is named as typed.
+FLAG_OF_OPTION = {
+    "num_workers": "--nproc-per-node",
+    "accelerator": "--accelerator",
+    "resources_per_worker": "--resources-per-worker",
+    "backend": "--backend",
+    "env": "--env",
+    "placement_strategy": "--placement-strategy",
+    "timeout": "--timeout",
+    "startup_timeout": "--startup-timeout",
+    "max_restarts": "--max-restarts",
+    "address": "--address",
+}
 
 RUN_DESCRIPTION = """\
 Run a torchrun-style training script (or -m module) on Ray actors, one per
@@ -70,30 +76,30 @@ class CliError(Exception):
 # -- argument types ---------------------------------------------------------
 
 
-def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: ``kind(value)``, at least ``minimum`` (above it if ``strict``)."""
-    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+def _convert(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse type that only converts (RunConfig checks the value)."""
 
     def parse(value: str) -> Any:
         try:
-            number = kind(value)
+            return kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {value!r}") from None
-        if number < minimum or (strict and number == minimum):
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return number
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
 
     return parse
 
 
-_positive_int = _number(int, 1)
-_non_negative_int = _number(int, 0)
-_positive_seconds = _number(float, 0, strict=True)
+_int = _convert(int, "a whole number")
+_seconds = _convert(float, "a number of seconds")
 
 
-def _nproc(value: str) -> Optional[int]:
-    """An int >= 1, or ``auto`` (None: one worker per accelerator or CPU)."""
-    return None if value.strip().lower() == "auto" else _positive_int(value)
+def _nproc(value: str) -> Tuple[Optional[int], Optional[str]]:
+    """torchrun's ``auto | cpu | gpu | xpu | N`` (plus raydist's other kinds):
+    ``(N, None)``, or ``(None, kind)`` for one worker per device of that kind
+    in the cluster ("auto": the kind the cluster has)."""
+    word = value.strip().lower()
+    if word in ACCELERATOR_CHOICES:
+        return None, word
+    return _int(value), None
 
 
 def _nnodes(value: str) -> int:
@@ -101,22 +107,17 @@ def _nnodes(value: str) -> int:
         raise argparse.ArgumentTypeError(
             f"elastic node ranges ({value!r}) are not supported: give a fixed number of nodes"
         )
-    return _positive_int(value)
+    return _int(value)
 
 
-def _resources(value: str) -> Dict[str, float]:
+def _resources(value: str) -> Dict[str, Any]:
     try:
         resources = json.loads(value)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {value!r}") from None
-    if not isinstance(resources, dict) or not all(
-        isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
-        for amount in resources.values()
-    ):
-        raise argparse.ArgumentTypeError(
-            f'expected a JSON object of non-negative numbers such as \'{{"CPU": 2}}\', got {value!r}'
-        )
-    return {str(name): float(amount) for name, amount in resources.items()}
+    if not isinstance(resources, dict):
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as \'{{"CPU": 2}}\', got {value!r}')
+    return resources
 
 
 def _env_pair(value: str) -> Tuple[str, str]:
@@ -124,13 +125,6 @@ def _env_pair(value: str) -> Tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
     return key, val
-
-
-def _strategy(value: str) -> str:
-    upper = value.upper()
-    if upper not in PLACEMENT_STRATEGIES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PLACEMENT_STRATEGIES)}, got {value!r}")
-    return upper
 
 
 # -- parser -----------------------------------------------------------------
@@ -163,9 +157,10 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     run.add_argument(
         "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers",
-        dest="nproc_per_node", type=_nproc, default=1, metavar="N",
-        help="workers per node (default 1), or 'auto' for one per accelerator in the cluster "
-        "(one per CPU when it has none)",
+        dest="nproc_per_node", type=_nproc, default=(1, None), metavar="N",
+        help="workers per node (default 1); or, as torchrun takes it, 'gpu', 'xpu', 'npu', 'hpu' "
+        "or 'cpu' for one worker per device of that kind in the cluster, or 'auto' for one "
+        "per device of the kind the cluster has (one per CPU slot when it has none)",
     )
     run.add_argument(
         "--nnodes", type=_nnodes, default=1, metavar="N",
@@ -181,14 +176,16 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "directory goes first on sys.path)",
     )
     run.add_argument(
-        "--accelerator", choices=ACCELERATORS, default="auto", type=str.lower,
-        help="device per worker: 'auto' (GPU if the cluster has GPUs, else NPU, else CPU), "
-        "'gpu', 'npu' or 'cpu' (default: auto)",
+        "--accelerator", choices=ACCELERATOR_CHOICES, default=None, type=str.lower,
+        help=f"device per worker: 'auto' (GPU if the cluster has GPUs, else NPU, else HPU, else "
+        f"CPU) or one kind (default: {RunConfig.accelerator})",
     )
     run.add_argument(
         "--resources-per-worker", type=_resources, default=None, metavar="JSON",
-        help='Ray resources per worker as a JSON object, e.g. \'{"CPU": 4}\' or \'{"GPU": 2}\' '
-        "(default: 1 CPU plus 1 accelerator)",
+        help='Ray resources per worker as a JSON object, e.g. \'{"CPU": 4}\', \'{"GPU": 2}\' '
+        "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
+        'names the first of them) or \'{"GPU": 0.5}\' (two workers share a GPU). Default: 1 CPU '
+        "plus 1 device",
     )
     run.add_argument(
         "--backend", default=None, metavar="NAME",
@@ -199,11 +196,11 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "script, as torchrun does",
     )
     run.add_argument(
-        "--max-restarts", "--max_restarts", dest="max_restarts", type=_non_negative_int,
-        default=0, metavar="K",
+        "--max-restarts", "--max_restarts", dest="max_restarts", type=_int,
+        default=None, metavar="K",
         help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
         "group on fresh workers and rerun the script, up to K times, as torchrun does "
-        "(default 0); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
+        f"(default {RunConfig.max_restarts}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
     )
     run.add_argument(
         "--address", default=None, metavar="ADDRESS",
@@ -224,19 +221,20 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     run.add_argument(
         "--placement-strategy", "--placement_strategy", dest="placement_strategy",
-        type=_strategy, default=None, metavar="STRATEGY",
+        type=str.upper, choices=PLACEMENT_STRATEGIES, default=None, metavar="STRATEGY",
         help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-        "(default: PACK, or SPREAD with --nnodes above 1)",
+        f"(default: {RunConfig.placement_strategy}, or SPREAD with --nnodes above 1)",
     )
     run.add_argument(
-        "--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+        "--timeout", type=_seconds, default=None, metavar="SECONDS",
         help="stop the run and fail if the script has not finished on every rank after "
         "this many seconds (default: no limit)",
     )
     run.add_argument(
-        "--startup-timeout", type=_positive_seconds, default=300.0, metavar="SECONDS",
-        help="how long to wait for a busy or autoscaling cluster to provide the workers "
-        "(default 300); a request the cluster can never meet fails at once",
+        "--startup-timeout", type=_seconds, default=None, metavar="SECONDS",
+        help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
+        "provide the workers, and for them to initialise (default "
+        f"{RunConfig.startup_timeout:g}); a request the cluster can never meet fails at once",
     )
     run.add_argument(
         "target", metavar="script",
@@ -284,14 +282,13 @@ def split_script_args(run_parser: argparse.ArgumentParser, argv: Sequence[str]) 
 class RunPlan:
     """What ``raydist run`` was asked to do, checked before Ray starts."""
 
-    target: str  # absolute script path, or module name
+    target: str  # absolute script (or directory) path, or module name
     target_as_typed: str
     module: bool
     script_args: Tuple[str, ...]
-    num_workers: Optional[int]
     nnodes: int
-    placement_strategy: str
-    env: Dict[str, str]
+    standalone: bool
+    config: RunConfig
 
 
 def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan:
@@ -300,26 +297,70 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         _check_module(options.target)
         target = options.target
     else:
-        if not os.path.isfile(options.target):
-            where = os.path.join(os.getcwd(), options.target)
-            raise CliError(f"script {options.target!r} not found (no file at {where})", EXIT_USAGE)
-        target = os.path.abspath(options.target)
-    if options.nnodes > 1 and options.nproc_per_node is None:
-        raise CliError(
-            "--nproc-per-node auto counts the whole cluster; give a number with --nnodes", EXIT_USAGE
-        )
-    num_workers = None if options.nproc_per_node is None else options.nproc_per_node * options.nnodes
-    strategy = options.placement_strategy or ("SPREAD" if options.nnodes > 1 else "PACK")
+        target = _check_script(options.target)
+    if options.standalone and options.address:
+        raise CliError("--standalone starts a private Ray; it cannot be combined with --address", EXIT_USAGE)
     return RunPlan(
         target=target,
         target_as_typed=options.target,
         module=options.module,
         script_args=tuple(script_args),
-        num_workers=num_workers,
         nnodes=options.nnodes,
-        placement_strategy=strategy,
-        env=dict(options.env),
+        standalone=options.standalone,
+        config=build_config(options),
     )
+
+
+def build_config(options: argparse.Namespace) -> RunConfig:
+    """The run's RunConfig from the flags given (the rest keep RunConfig's defaults)."""
+    per_node, kind = options.nproc_per_node
+    accelerator = options.accelerator
+    if kind is not None and kind != "auto":
+        if accelerator not in (None, "auto", kind):
+            raise CliError(f"--nproc-per-node {kind} contradicts --accelerator {accelerator}", EXIT_USAGE)
+        accelerator = kind
+    if options.nnodes < 1:
+        raise CliError(f"--nnodes must be >= 1, got {options.nnodes}", EXIT_USAGE)
+    if options.nnodes > 1 and per_node is None:
+        raise CliError(f"--nproc-per-node {kind} counts the whole cluster; give a number with --nnodes", EXIT_USAGE)
+    given = {
+        "num_workers": None if per_node is None else per_node * options.nnodes,
+        "accelerator": accelerator,
+        "resources_per_worker": options.resources_per_worker,
+        "backend": options.backend,
+        "env": dict(options.env) if options.env else None,
+        "placement_strategy": options.placement_strategy or ("SPREAD" if options.nnodes > 1 else None),
+        "timeout": options.timeout,
+        "startup_timeout": options.startup_timeout,
+        "max_restarts": options.max_restarts,
+        "address": options.address,
+    }
+    if per_node is not None and per_node < 1:  # named per node, as typed
+        raise CliError(f"--nproc-per-node must be >= 1, got {per_node}", EXIT_USAGE)
+    try:
+        return RunConfig(
+            **{name: value for name, value in given.items() if value is not None},
+            init_process_group=options.backend is not None,
+            retry_on_exception=True,  # torchrun restarts after any failure
+        )
+    except (TypeError, ValueError) as error:
+        raise CliError(_as_flags(str(error)), EXIT_USAGE) from None
+
+
+def _as_flags(message: str) -> str:
+    """A RunConfig message with option names spelled as this command's flags."""
+    return re.sub(r"\b(" + "|".join(FLAG_OF_OPTION) + r")\b", lambda m: FLAG_OF_OPTION[m.group(1)], message)
+
+
+def _check_script(path: str) -> str:
+    """The script's absolute path; a directory runs its ``__main__.py``, as python does."""
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "__main__.py")):
+            raise CliError(f"{path!r} is a directory with no __main__.py to run", EXIT_USAGE)
+        return os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise CliError(f"script {path!r} not found (no file at {os.path.join(os.getcwd(), path)})", EXIT_USAGE)
+    return os.path.abspath(path)
 
 
 def _check_module(name: str) -> None:
@@ -339,78 +380,6 @@ def _check_module(name: str) -> None:
         sys.path.remove(os.getcwd())
     if spec is None:
         raise CliError(f"module {name!r} not found (searched the working directory and sys.path)", EXIT_USAGE)
-
-
-def _probe_address(address: str) -> Tuple[str, int]:
-    """Host and port of a Ray address, for a quick TCP reachability check."""
-    rest = address
-    port = DEFAULT_GCS_PORT
-    if rest.startswith("ray://"):
-        rest, port = rest[len("ray://") :], DEFAULT_CLIENT_PORT
-    rest = rest.split("/", 1)[0]
-    if rest.startswith("["):  # [IPv6]:port
-        host, _, tail = rest[1:].partition("]")
-        return host, int(tail[1:]) if tail.startswith(":") else port
-    host, sep, port_text = rest.rpartition(":")
-    if not sep:
-        return rest, port
-    try:
-        return host, int(port_text)
-    except ValueError:
-        raise CliError(f"invalid Ray address {address!r}: port {port_text!r} is not a number", EXIT_USAGE) from None
-
-
-def connect(address: Optional[str], standalone: bool) -> bool:
-    """ray.init for the run, failing within seconds (naming the address) when
-    the cluster cannot be reached. False if Ray was already initialised here."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    source = "--address"
-    if standalone:
-        address, source = "local", "--standalone"
-    elif not address and os.environ.get("RAY_ADDRESS"):
-        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    if address and address not in ("local", "auto"):
-        if address.startswith(("http://", "https://")):
-            raise CliError(
-                f"{address!r} ({source}) is a dashboard / job API address; give the cluster's "
-                f"GCS address (HOST:{DEFAULT_GCS_PORT}), or submit the run as a job: "
-                f"ray job submit --address {address} -- raydist run ...",
-                EXIT_USAGE,
-            )
-        host, port = _probe_address(address)
-        try:
-            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-        except OSError as error:
-            raise CliError(f"cannot reach the Ray cluster at {address} (from {source}): {error}") from None
-
-    def give_up() -> None:  # ray.init cannot be interrupted from another thread
-        print(
-            f"raydist run: error: no Ray cluster answered at {address} (from {source}) "
-            f"within {CONNECT_TIMEOUT_S:g} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(EXIT_FAILURE)
-
-    watchdog = threading.Timer(CONNECT_TIMEOUT_S, give_up) if address not in (None, "local") else None
-    if watchdog is not None:
-        watchdog.daemon = True
-        watchdog.start()
-    try:
-        if address and address != "local":
-            ray.init(address=address)
-        else:  # None attaches to a `ray start` cluster here if any, else starts a private Ray
-            ray.init(address=address, include_dashboard=False)
-    except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
-        where = f"the Ray cluster at {address} (from {source})" if address not in (None, "local") else "a local Ray"
-        raise CliError(f"cannot connect to {where}: {error}") from None
-    finally:
-        if watchdog is not None:
-            watchdog.cancel()
-    return True
 
 
 def _warn_if_too_few_nodes(nnodes: int) -> None:
@@ -444,17 +413,9 @@ class OutputDrain:
 
     def install(self) -> bool:
         """Wrap Ray's worker-output printer; False where this Ray has none to wrap."""
-        try:
-            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        from raydist.pool.ray_private import wrap_worker_output_printer
 
-            with dispatcher._lock:
-                for index, (name, handler) in enumerate(dispatcher.handlers):
-                    if name == "ray_print_logs":
-                        dispatcher.handlers[index] = (name, self._filter(handler))
-                        return True
-        except Exception:  # noqa: BLE001 - a private API; without it, no waiting
-            pass
-        return False
+        return wrap_worker_output_printer(self._filter)
 
     def _filter(self, print_lines: Callable[[Dict[str, Any]], None]) -> Callable[[Dict[str, Any]], None]:
         def handle(data: Dict[str, Any]) -> None:
@@ -483,21 +444,23 @@ class OutputDrain:
 
 
 def failure_status(failures: Sequence[Any]) -> int:
-    """``n`` when every failing rank called ``sys.exit(n)``; else 1 (a rank raised or died)."""
+    """The status python would exit with when every failing rank called
+    ``sys.exit(n)`` (n modulo 256: -1 gives 255); else 1 (a rank raised or died)."""
     codes = {failure.exit_code for failure in failures}
     if len(codes) == 1:
         code = codes.pop()
-        if code is not None and 0 < code < 256:
-            return code
+        if code is not None and code % 256:
+            return code % 256
     return EXIT_FAILURE
 
 
-def execute(plan: RunPlan, options: argparse.Namespace) -> int:
+def execute(plan: RunPlan) -> int:
     """Start the workers, run the script on every rank, report; the exit status."""
     import ray
 
     from raydist.api import run
-    from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout
+    from raydist.pool.connect import connect
+    from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
     from raydist.pool.script import run_script
 
     name = plan.target_as_typed
@@ -505,24 +468,14 @@ def execute(plan: RunPlan, options: argparse.Namespace) -> int:
     end_marker: Optional[str] = None
     connected_here = False
     try:
-        connected_here = connect(options.address, options.standalone)
+        connected_here = connect(plan.config.address, startup_timeout=plan.config.startup_timeout, standalone=plan.standalone)
         end_marker = drain.token if drain.install() else None
         if plan.nnodes > 1:
             _warn_if_too_few_nodes(plan.nnodes)
         attempt_of_rank = run(
             run_script,
-            num_workers=plan.num_workers,
             args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed, end_marker),
-            accelerator=options.accelerator,
-            resources_per_worker=options.resources_per_worker,
-            backend=options.backend,
-            env=plan.env,
-            placement_strategy=plan.placement_strategy,
-            timeout=options.timeout,
-            startup_timeout=options.startup_timeout,
-            max_restarts=options.max_restarts,
-            retry_on_exception=True,  # torchrun restarts on any failure
-            init_process_group=options.backend is not None,
+            config=plan.config,
         )
         if end_marker is not None:
             drain.wait(attempt_of_rank[0], range(len(attempt_of_rank)))
@@ -537,14 +490,17 @@ def execute(plan: RunPlan, options: argparse.Namespace) -> int:
     except WorkerGroupTimeout as error:
         print(f"raydist run: {name} {error}", file=sys.stderr, flush=True)
         return EXIT_FAILURE
-    except InfeasibleResourcesError as error:
+    except (InfeasibleResourcesError, WorkerStartupTimeout) as error:
         print(f"raydist run: cannot start the workers: {error}", file=sys.stderr, flush=True)
         return EXIT_FAILURE
-    except (ValueError, TypeError, ImportError) as error:  # options raydist.run rejected
+    except ConnectionError as error:
         print(f"raydist run: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    except (ValueError, TypeError, ImportError) as error:  # options rejected once the cluster is known
+        print(f"raydist run: error: {_as_flags(str(error))}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     finally:
-        if connected_here:
+        if connected_here and ray.is_initialized():
             ray.shutdown()  # stops a private local Ray; leaves a cluster running
 
 
@@ -573,7 +529,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run_parser.error(str(error))  # usage, message, exit status 2
     _configure_ray_output()
     try:
-        return execute(plan, options)
+        return execute(plan)
     except CliError as error:
         print(f"raydist run: error: {error}", file=sys.stderr, flush=True)
         return error.status

@@ -61,7 +61,7 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def _check_seconds(name: str, value: Any) -> float:
+def check_seconds(name: str, value: Any) -> float:
     if not _is_number(value):
         raise TypeError(f"{name} must be a number of seconds, not {_type_name(value)} {value!r}")
     if not (value > 0 and math.isfinite(value)):
@@ -187,8 +187,8 @@ class RunConfig:
         self._set("env", check_env({} if self.env is None else self.env))
         self._set("placement_strategy", _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES))
         if self.timeout is not None:
-            self._set("timeout", _check_seconds("timeout", self.timeout))
-        self._set("startup_timeout", _check_seconds("startup_timeout", self.startup_timeout))
+            self._set("timeout", check_seconds("timeout", self.timeout))
+        self._set("startup_timeout", check_seconds("startup_timeout", self.startup_timeout))
         _check_int("max_restarts", self.max_restarts, 0)
         _check_bool("retry_on_exception", self.retry_on_exception)
         _check_bool("init_process_group", self.init_process_group)

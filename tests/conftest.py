@@ -87,3 +87,11 @@ def live_placement_groups() -> List[str]:
     import ray
 
     return [pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"]
+
+
+def raydist_actors_ever_created() -> int:
+    """How many of raydist's worker actors this Ray has seen, dead or alive."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=ray_address(), limit=10_000, raise_on_missing_output=False)
+    return sum(1 for a in actors if "RayWorker" in a.class_name)

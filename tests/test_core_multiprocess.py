@@ -20,7 +20,7 @@ def check_rank(result: dict, rank: int, world: int, local_rank: int, local_world
     last = world - 1
     layout = dict(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world, node_rank=node_rank)
     assert result["launcher"] == layout
-    assert result["record"] == dict(layout, device="cpu", backend="gloo", distributed=True, horovod=False)
+    assert result["record"] == dict(layout, device="cpu", backend="gloo", distributed=True, horovod=False, device_index=None)
     assert result["same_record_again"] and result["context_is_record"]
     assert (result["torch_rank"], result["torch_world_size"], result["torch_backend"]) == (rank, world, "gloo")
 

@@ -47,6 +47,8 @@ CHILD = textwrap.dedent(
         report["ray_hidden"] = True
 
     import raydist
+    import raydist.config
+    import raydist.core.accelerators
     import raydist.core.collectives
     import raydist.core.compat
     import raydist.core.devices
@@ -54,6 +56,7 @@ CHILD = textwrap.dedent(
     import raydist.core.initialize
     from raydist.core import compat
 
+    report["config"] = raydist.RunConfig(num_workers=2, resources_per_worker={"GPU": 0.5}).num_workers
     info = raydist.init_distributed(device="cpu")
     report["record"] = [info.rank, info.world_size, info.distributed, info.device, info.backend]
     report["broadcast"] = raydist.broadcast_object({"k": [1, 2]})
@@ -103,6 +106,7 @@ def test_core_without_ray() -> None:
     assert report["compat_world_info"] == [0, 0, 1]
     assert report["compat_broadcast"] == "x"
     assert report["torchrun_env_rank"] == "1"
+    assert report["config"] == 2
     for name in ("run", "WorkerGroup"):
         assert report[name].startswith("ImportError: "), f"raydist.{name}: {report[name]}"
         assert "ray" in report[name]

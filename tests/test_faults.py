@@ -228,13 +228,30 @@ def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> Non
 
 @pytest.mark.usefixtures("two_gpu_cluster")
 def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydist.pool import placement
+    from raydist.pool import ray_private
 
-    assert not placement.cluster_has_autoscaler()  # a plain cluster: no node types to add
-    monkeypatch.setattr(placement, "cluster_has_autoscaler", lambda: True)
+    assert not ray_private.cluster_has_autoscaler()  # a plain cluster: no node types to add
+    monkeypatch.setattr(ray_private, "cluster_has_autoscaler", lambda: True)
     start = time.monotonic()
     with pytest.raises(raydist.InfeasibleResourcesError, match="gave up after 2 s") as caught:
         raydist.run(lambda: None, num_workers=8, accelerator="gpu", startup_timeout=2)
     assert time.monotonic() - start >= 2  # it waited for nodes that might come
     assert "GPU: 2" in str(caught.value)
     assert live_placement_groups() == []
+
+
+def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import ray.experimental.internal_kv as internal_kv
+
+    from raydist.pool import ray_private
+
+    def unavailable() -> None:
+        raise RuntimeError("no GCS client in this Ray")
+
+    # The private API a newer Ray might lack: the fallback must say so, not silently decide.
+    monkeypatch.setattr(internal_kv, "internal_kv_get_gcs_client", unavailable)
+    monkeypatch.setattr(ray_private, "_warned", set())
+    with caplog.at_level("WARNING", logger="raydist"):
+        assert ray_private.cluster_has_autoscaler() is True
+    assert "cannot tell whether this cluster autoscales" in caplog.text
+    assert "no GCS client in this Ray" in caplog.text

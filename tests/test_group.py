@@ -135,30 +135,6 @@ def test_successful_run_leaves_nothing_behind() -> None:
     assert live_placement_groups() == []
 
 
-@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "2"])
-def test_bad_num_workers_rejected_before_start(bad: Any) -> None:
-    with pytest.raises((ValueError, TypeError), match="num_workers"):
-        raydist.run(lambda: None, num_workers=bad)
-
-
-def test_unknown_accelerator_and_strategy_list_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="gpu, npu, cpu"):
-        raydist.run(lambda: None, num_workers=1, accelerator="tpu")
-    with pytest.raises(ValueError, match="STRICT_SPREAD"):
-        raydist.run(lambda: None, num_workers=1, placement_strategy="RANDOM")
-
-
-def test_unpicklable_input_is_named_before_start() -> None:
-    import threading
-
-    lock = threading.Lock()
-    with pytest.raises(TypeError, match=r"args\[1\]"):
-        raydist.run(lambda a, b: None, num_workers=1, args=(1, lock))
-    with pytest.raises(TypeError, match="fn"):
-        raydist.run(lambda: lock.locked(), num_workers=1)
-    assert live_placement_groups() == []
-
-
 def test_default_num_workers_is_one_per_cpu_slot() -> None:
     import ray
 

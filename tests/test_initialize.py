@@ -339,9 +339,29 @@ def _fake_npu(monkeypatch: pytest.MonkeyPatch) -> List[Any]:
 @pytest.mark.usefixtures("fake_horovod")
 def test_distributed_device_is_pinned_to_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_npu(monkeypatch)
-    with pytest.warns(UserWarning, match="device index removed from npu:3: using local rank 1"):
+    with pytest.warns(UserWarning, match="device index removed from npu:3: using this process's device 1"):
         info = raydist.init_distributed(device="npu:3", horovod=True)
-    assert info.device == "npu:1" and calls == ["npu:1"]
+    assert info.device == "npu:1" and calls == ["npu:1"] and info.device_index == 1
+
+
+@pytest.mark.usefixtures("fake_horovod", "no_warnings")
+def test_raydist_device_index_wins_over_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker holding two devices per rank: rank 1's first device is 2, not 1.
+    calls = _fake_npu(monkeypatch)
+    monkeypatch.setenv("RAYDIST_DEVICE_INDEX", "2")
+    info = raydist.init_distributed(device="npu", horovod=True)
+    assert (info.device, info.device_index, info.local_rank) == ("npu:2", 2, 1)
+    assert calls == ["npu:2"]
+
+
+@pytest.mark.usefixtures("fake_horovod")
+def test_device_index_is_kept_when_the_device_falls_back_to_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fake GPUs (Ray counted them, torch has no CUDA): the assignment is still reported.
+    monkeypatch.setenv("RAYDIST_DEVICE_INDEX", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="falling back to CPU"):
+        info = raydist.init_distributed(device="cuda", horovod=True)
+    assert (info.device, info.device_index) == ("cpu", 3)
 
 
 @pytest.mark.usefixtures("fake_horovod", "no_warnings")

@@ -1,76 +1,124 @@
-"""Node-aware ranks and device visibility on a simulated 3-node cluster.
+"""Node-aware ranks and the right device for every resource shape, on a
+simulated cluster of two nodes of different sizes.
 
-The nodes' GPUs/NPUs are fake (Ray only counts them), so torch falls back to
-CPU/gloo: the tests check layout and environment, and that the group still
-initialises.
+The nodes' GPUs/NPUs are fake (Ray only counts them and sets the visible
+devices variables), so torch falls back to CPU/gloo: the tests check layout,
+environment and ``device_index`` on every rank, and that the group still
+initialises and communicates.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 import ray
+import torch
 import torch.distributed as dist
 from conftest import start_cluster
 
 import raydist
+from raydist.core.accelerators import BY_NAME
 
 pytestmark = pytest.mark.timeout(240)
 
-NODES = 3
-PER_NODE = 2
+HEAD = {"num_cpus": 4, "num_gpus": 4, "resources": {"NPU": 4}}
+SMALL = {"num_cpus": 2, "num_gpus": 2, "resources": {"NPU": 2}}
 
 
-def where_am_i(resource: str, visible_var: str) -> Dict[str, Any]:
+@pytest.fixture(scope="module")
+def uneven_cluster() -> Iterator[None]:
+    start_cluster([HEAD, SMALL])
+    yield
+
+
+def where_am_i(kind: str) -> Dict[str, Any]:
+    row = BY_NAME[kind]
     context = ray.get_runtime_context()
+    total = torch.ones(1)
+    dist.all_reduce(total)
     return {
         "rank": dist.get_rank(),
-        "world": dist.get_world_size(),
-        "backend": dist.get_backend(),
-        "env": {k: os.environ[k] for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_WORLD_SIZE")},
-        "visible": os.environ[visible_var].split(","),
-        "own_ids": [str(i) for i in context.get_accelerator_ids()[resource]],
+        "world": int(total.item()),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
+        "visible": os.environ[row.visible_devices_var].split(","),
+        "own_ids": sorted((str(i) for i in context.get_accelerator_ids()[row.ray_resource]), key=int),
         "node_id": context.get_node_id(),
+        "device_index": raydist.get_context().device_index,
+        "device_index_var": os.environ.get("RAYDIST_DEVICE_INDEX"),
     }
 
 
-@pytest.fixture(scope="module", params=[("GPU", "CUDA_VISIBLE_DEVICES"), ("NPU", "ASCEND_RT_VISIBLE_DEVICES")])
-def accelerator_cluster(request: pytest.FixtureRequest) -> Iterator[tuple]:
-    resource, variable = request.param
-    node = {"num_cpus": PER_NODE, "num_gpus": PER_NODE} if resource == "GPU" else {"num_cpus": PER_NODE, "resources": {"NPU": PER_NODE}}
-    start_cluster([node] * NODES)
-    yield resource, variable
-
-
-def test_ranks_follow_nodes_and_local_rank_indexes_own_device(accelerator_cluster: tuple) -> None:
-    resource, variable = accelerator_cluster
-    driver_node = ray.get_runtime_context().get_node_id()
-    with raydist.WorkerGroup(None, env={}) as group:  # None: one worker per accelerator
-        results = group.run(where_am_i, args=(resource, variable))
-        workers = group.workers
-    assert len(results) == NODES * PER_NODE
-    assert [r["rank"] for r in results] == list(range(NODES * PER_NODE))
-    assert {r["backend"] for r in results} == {"gloo"}  # fake devices: CPU fallback
-    assert results[0]["node_id"] == driver_node  # the driver's node comes first
-    by_node: Dict[str, list] = {}
+def check_every_rank(results: List[Dict[str, Any]], workers: List[Any], num_workers: int) -> Dict[str, List[Dict[str, Any]]]:
+    """The layout rules, checked on what each rank saw; returns ranks by node."""
+    assert [r["rank"] for r in results] == list(range(num_workers))
+    assert {r["world"] for r in results} == {num_workers}
+    assert results[0]["node_id"] == ray.get_runtime_context().get_node_id()  # driver's node first
+    by_node: Dict[str, List[Dict[str, Any]]] = {}
     for result, worker in zip(results, workers):
         assert result["node_id"] == worker.node_id
+        assert result["device_index"] == worker.device_index
+        assert result["device_index_var"] == str(worker.device_index)
         by_node.setdefault(result["node_id"], []).append(result)
-    assert len(by_node) == NODES
-    for node_rank, (node_id, members) in enumerate(by_node.items()):
-        union = sorted((i for m in members for i in m["own_ids"]), key=int)
-        for local_rank, member in enumerate(members):
-            assert member["env"] == {
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(PER_NODE),
-                "NODE_RANK": str(node_rank),
-                "GROUP_WORLD_SIZE": str(NODES),
-            }
-            # Every worker on the node sees the node's devices, ordered so that
-            # its local rank points at the device Ray gave it.
-            assert member["visible"] == union
-            assert member["visible"][local_rank] == member["own_ids"][0]
-        # Ranks are contiguous per node and ordered by lowest device id.
-        assert [m["own_ids"][0] for m in members] == sorted((m["own_ids"][0] for m in members), key=int)
+    for members in by_node.values():
+        union = sorted({i for m in members for i in m["own_ids"]}, key=int)
+        assert [m["local_rank"] for m in members] == list(range(len(members)))
+        for member in members:
+            assert member["local_world_size"] == len(members)
+            assert member["visible"] == union  # the group's devices on this node, once each, in id order
+            assert member["visible"][member["device_index"]] == member["own_ids"][0]  # its own device
+    return by_node
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_one_gpu_per_worker_over_both_nodes_device_index_is_local_rank() -> None:
+    with raydist.WorkerGroup(None) as group:  # None: one worker per GPU (4 + 2)
+        results = group.run(where_am_i, args=("gpu",))
+        workers = group.workers
+    by_node = check_every_rank(results, workers, 6)
+    assert sorted(len(m) for m in by_node.values()) == [2, 4]
+    assert all(r["device_index"] == r["local_rank"] for r in results)  # torchrun's cuda:LOCAL_RANK holds
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_two_gpus_per_worker_each_rank_uses_its_own_first_gpu() -> None:
+    with raydist.WorkerGroup(3, resources_per_worker={"GPU": 2}) as group:
+        results = group.run(where_am_i, args=("gpu",))
+        workers = group.workers
+    check_every_rank(results, workers, 3)
+    assert all(len(r["own_ids"]) == 2 for r in results)
+    # The second worker of a node starts two devices in, not at its local rank.
+    assert [r["device_index"] for r in results if r["local_rank"] == 1] == [2]
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_half_a_gpu_per_worker_sharing_workers_get_the_same_device() -> None:
+    with raydist.WorkerGroup(4, resources_per_worker={"GPU": 0.5, "CPU": 0.5}, placement_strategy="STRICT_PACK") as group:
+        results = group.run(where_am_i, args=("gpu",))
+        workers = group.workers
+    check_every_rank(results, workers, 4)
+    devices = [r["own_ids"][0] for r in results]
+    assert len(set(devices)) < len(devices)  # some GPU is shared
+    for result in results:
+        assert len(result["visible"]) == len(set(result["visible"]))  # listed once
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_two_npus_per_worker_set_ascend_visible_devices() -> None:
+    with raydist.WorkerGroup(3, accelerator="npu", resources_per_worker={"NPU": 2}) as group:
+        results = group.run(where_am_i, args=("npu",))
+        workers = group.workers
+        contexts = group.contexts
+    check_every_rank(results, workers, 3)
+    assert {c.backend for c in contexts if c is not None} == {"gloo"}  # fake NPUs: CPU fallback
+
+
+def device_index_or_none() -> Optional[int]:
+    return raydist.get_context().device_index
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_cpu_workers_have_no_device_index() -> None:
+    assert raydist.run(device_index_or_none, num_workers=2, accelerator="cpu") == [None, None]

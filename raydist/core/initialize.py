@@ -28,6 +28,10 @@ from raydist.core.devices import (
 )
 from raydist.core.environment import WorldInfo, is_using_distributed, read_world_info
 
+# raydist sets this on each worker that holds a device: the position of its
+# first device in the node's visible-devices list (see raydist.pool.layout).
+DEVICE_INDEX_VAR = "RAYDIST_DEVICE_INDEX"
+
 HOROVOD_INSTALL_HINT = (
     "horovod is not installed: install it with scripts/install-horovod.sh "
     "(horovod 0.28.1 needs a C++17 patch to build against current torch), "
@@ -48,6 +52,9 @@ class DistInfo:
     backend: Optional[str] = None
     distributed: bool = False
     horovod: bool = False
+    # Index of this process's device among the visible ones (None on CPU).
+    # Under raydist it follows the worker's own devices, not LOCAL_RANK.
+    device_index: Optional[int] = None
 
     def is_master(self, local: bool = False) -> bool:
         """True on global rank 0 (or local rank 0 with ``local=True``)."""
@@ -99,6 +106,23 @@ def _init_torch_distributed(
     dist.init_process_group(**kwargs)
 
 
+def _device_index(device: str, local_rank: int, distributed: bool) -> Optional[int]:
+    """Which device of ``device``'s kind this process uses: raydist's
+    assignment, else the local rank (torchrun's rule), else the index in
+    ``device``; None for cpu/mps."""
+    if device_type_of(device) in ("cpu", "mps"):
+        return None
+    if DEVICE_INDEX_VAR in os.environ:
+        value = os.environ[DEVICE_INDEX_VAR]
+        if not value.isdigit():
+            raise ValueError(f"environment variable {DEVICE_INDEX_VAR}={value!r} is not a device index")
+        return int(value)
+    if distributed:
+        return local_rank
+    _, _, index = device.partition(":")
+    return int(index) if index.isdigit() else 0
+
+
 def init_distributed(
     device: Optional[str] = None,
     backend: Optional[str] = None,
@@ -113,8 +137,9 @@ def init_distributed(
     kind; an unavailable device falls back to CPU with a warning. ``backend``
     defaults to the device's (nccl, hccl, xccl, gloo). Without launcher
     variables (world size 1) nothing is initialised. In distributed mode the
-    device index is replaced by the local rank unless ``no_set_device_rank``.
-    Calling it again returns the existing record.
+    device is pinned to this process's own (``DistInfo.device_index``: under
+    raydist the worker's first device, else the local rank as under torchrun)
+    unless ``no_set_device_rank``. Calling it again returns the existing record.
     """
     global _context
     if isinstance(timeout, (int, float)):
@@ -122,6 +147,7 @@ def init_distributed(
     with _lock:
         if _context is not None:
             return _context
+        requested = device or accelerator_type()
         device = _resolve_device(device)
         device_type = device_type_of(device)
         world = read_world_info()
@@ -155,10 +181,13 @@ def init_distributed(
             world = WorldInfo()
             backend = None
 
+        # Computed from the kind asked for, so that it is right even where
+        # torch fell back to CPU (fake devices in tests).
+        device_index = _device_index(requested, world.local_rank, distributed)
         if distributed and not no_set_device_rank and device_type not in ("cpu", "mps"):
-            if ":" in device:
-                warnings.warn(f"device index removed from {device}: using local rank {world.local_rank}")
-            device = f"{device_type}:{world.local_rank}"
+            if ":" in device and device != f"{device_type}:{device_index}":
+                warnings.warn(f"device index removed from {device}: using this process's device {device_index}")
+            device = f"{device_type}:{device_index}"
             set_device(device)
 
         _context = DistInfo(
@@ -171,6 +200,7 @@ def init_distributed(
             backend=backend,
             distributed=distributed,
             horovod=horovod,
+            device_index=device_index,
         )
         return _context
 

@@ -111,3 +111,18 @@ class WorkerGroupTimeout(TimeoutError):
 class InfeasibleResourcesError(RuntimeError):
     """The cluster cannot (or did not in time) provide the requested workers."""
 
+
+
+class WorkerStartupTimeout(TimeoutError):
+    """The workers did not start or initialise within ``startup_timeout``
+    (as opposed to a call that ran too long); the group was torn down."""
+
+    def __init__(self, timeout: float, stage: str, total: int, still_waiting: Sequence[str]):
+        self.timeout = timeout
+        self.stage = stage
+        self.still_waiting: List[str] = list(still_waiting)
+        doing = {"started": "starting", "initialised": "initialising"}.get(stage, f"not {stage}")
+        super().__init__(
+            f"start-up timed out: {total - len(still_waiting)} of {total} workers {stage} after "
+            f"{timeout:g} s; {', '.join(still_waiting)} still {doing}"
+        )

@@ -1,8 +1,10 @@
 """WorkerGroup: a pool of Ray actors, one per rank, with a live process group.
 
 Start-up is two round trips: every actor reports where it landed (node,
-accelerator ids, a free port), the driver derives the ranks, then every actor
-gets its launcher environment and initialises. Calls are then one round trip.
+device ids, a free port), the driver derives the ranks, then every actor
+gets its launcher environment and initialises. Calls are then one round trip,
+sent to every rank under one lock, so calls from several threads run in the
+same order on every rank and their collectives cannot pair across calls.
 Any failure tears the whole group down: peers stuck in a collective are
 killed, not waited for.
 """
@@ -10,6 +12,7 @@ killed, not waited for.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -21,22 +24,14 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm.auto import tqdm
 
+from raydist.config import RunConfig, check_seconds, check_call, make_config
+from raydist.core.accelerators import Accelerator
 from raydist.core.environment import torchrun_env
-from raydist.pool.errors import WorkerFailure, WorkerGroupError, WorkerGroupTimeout
-from raydist.core.initialize import DistInfo, import_horovod
+from raydist.core.initialize import DEVICE_INDEX_VAR, DistInfo, import_horovod
+from raydist.pool.connect import connect, connected_session
+from raydist.pool.errors import InfeasibleResourcesError, WorkerFailure, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
-from raydist.pool.object_store import DEFAULT_THRESHOLD_BYTES
-from raydist.pool.placement import (
-    ACCELERATORS,
-    DEVICE_OF_RESOURCE,
-    PLACEMENT_STRATEGIES,
-    VISIBLE_DEVICES_VAR,
-    alive_nodes,
-    default_num_workers,
-    reserve,
-    resolve_accelerator,
-    worker_bundle,
-)
+from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, worker_bundle
 from raydist.pool.worker import Outcome, RayWorker
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
@@ -54,27 +49,8 @@ _RemoteWorker = ray.remote(RayWorker)
 _FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
 
 
-def _check_num_workers(num_workers: Any) -> None:
-    if num_workers is None:
-        return
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise TypeError(f"num_workers must be a positive int or None, not {num_workers!r}")
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    """``value`` matched case-insensitively against ``choices``, or ValueError listing them."""
-    for choice in choices:
-        if isinstance(value, str) and value.lower() == choice.lower():
-            return choice
-    raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
-
-
 def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
     """Pickle a call once for all ranks; TypeError naming the part that fails."""
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     try:
         return ray.cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
     except Exception as error:
@@ -88,30 +64,19 @@ def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
 
 
-def ensure_ray(address: Optional[str] = None) -> None:
-    """Connect to ``address`` (or RAY_ADDRESS) unless Ray is already up; else
-    ``ray.init()``, which joins a cluster started with ``ray start`` on this
-    machine or starts a local one."""
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init()
-
-
 class WorkerFuture:
     """The pending result of ``WorkerGroup.submit``: one value per rank."""
 
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef]):
+    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], timeout: Optional[float]):
         self._group = group
         self._refs = refs
+        self._timeout = timeout
         self._result: Optional[List[Any]] = None
 
     def done(self) -> bool:
         if self._result is not None:
             return True
+        self._group._check_session()
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
         return len(ready) == len(self._refs)
 
@@ -119,7 +84,8 @@ class WorkerFuture:
         """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
         (tearing the group down) if a rank fails or the time runs out."""
         if self._result is None:
-            self._result = self._group._collect(self._refs, timeout)
+            limit = self._timeout if timeout is None else check_seconds("timeout", timeout)
+            self._result = self._group._collect(self._refs, limit)
         return self._result
 
     def cancel(self) -> bool:
@@ -134,99 +100,93 @@ class WorkerFuture:
 class WorkerGroup:
     """A pool of Ray actors, one per rank, kept alive across calls.
 
-    Use as a context manager; ``run`` and ``submit`` execute a function on
-    every rank with torch.distributed already initialised. See ``raydist.run``
-    for the options.
+    ``WorkerGroup(4, backend="gloo")`` or ``WorkerGroup(config=RunConfig(...))``:
+    the keyword options are ``raydist.RunConfig``'s fields. Use as a context
+    manager; ``run`` and ``submit`` execute a function on every rank with
+    torch.distributed already initialised, from any number of threads.
     """
 
     def __init__(
         self,
         num_workers: Optional[int] = None,
         *,
-        accelerator: str = "auto",
-        resources_per_worker: Optional[Mapping[str, float]] = None,
-        backend: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None,
-        placement_strategy: str = "PACK",
-        startup_timeout: float = 300.0,
-        address: Optional[str] = None,
-        init_process_group: bool = True,
-        object_store_threshold: Optional[int] = DEFAULT_THRESHOLD_BYTES,
+        config: Optional[RunConfig] = None,
         restart_count: int = 0,
-        max_restarts: int = 0,
+        **options: Any,
     ):
-        _check_num_workers(num_workers)
-        self._accelerator = _check_choice("accelerator", accelerator, ACCELERATORS)
-        self._strategy = _check_choice("placement_strategy", placement_strategy, PLACEMENT_STRATEGIES)
-        if resources_per_worker is not None and any(
-            not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in resources_per_worker.values()
-        ):
-            raise ValueError(f"resources_per_worker values must be non-negative numbers: {resources_per_worker!r}")
-        self._horovod = backend == "horovod"
-        if self._horovod:
+        if num_workers is not None:
+            options["num_workers"] = num_workers
+        self.config: RunConfig = make_config(config, options)
+        if self.config.horovod:
             import_horovod()  # fail before any actor starts when it is missing
-        self._backend = None if self._horovod else backend
-        self._env = {str(k): str(v) for k, v in (env or {}).items()}
-        self._init_process_group = init_process_group
-        self._object_store_threshold = object_store_threshold
         self._restart_count = restart_count
-        self._max_restarts = max_restarts
+        self._lock = threading.RLock()  # orders submissions; guards teardown
         self._actors: List[Any] = []
         self._workers: List[WorkerInfo] = []
         self._contexts: List[Optional[DistInfo]] = []
         self._pg: Optional[PlacementGroup] = None
         self._rendezvous: Any = None
         self._closed = False
-        ensure_ray(address)
+        connect(self.config.address, startup_timeout=self.config.startup_timeout)
+        self._session = connected_session()
         try:
-            self._start(num_workers, resources_per_worker, startup_timeout)
+            self._start()
         except BaseException:
             self.shutdown(graceful=False)
             raise
 
     # -- start-up -----------------------------------------------------------
 
-    def _start(self, num_workers: Optional[int], resources_per_worker: Optional[Mapping[str, float]], startup_timeout: float) -> None:
+    def _start(self) -> None:
+        config = self.config
         nodes = alive_nodes()
-        resource = resolve_accelerator(self._accelerator, nodes)
-        bundle = worker_bundle(resource, resources_per_worker)
-        if num_workers is None:
-            num_workers = default_num_workers(resource, bundle.get("CPU", 1.0), nodes)
-        self._pg = reserve(bundle, num_workers, self._strategy, startup_timeout)
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        self._actors = [
-            _RemoteWorker.options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-            ).remote(resource)
-            for i in range(num_workers)
-        ]
+        accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
+        bundle = worker_bundle(accelerator, config.resources_per_worker)
+        num_workers = config.num_workers or default_num_workers(accelerator, bundle, nodes)
+        if num_workers < 1:
+            raise InfeasibleResourcesError(
+                f"num_workers=None means one worker per {accelerator.ray_resource}, "
+                f"but the cluster has none ({accelerator.name} workers of {bundle})"
+            )
+        self._pg = reserve(bundle, num_workers, config.placement_strategy, config.startup_timeout)
+        self._actors = [self._create_actor(accelerator, bundle, index) for index in range(num_workers)]
         # Round trip 1: where did each worker land?
         placements: List[Placement] = self._gather(
-            [actor.describe.remote(i) for i, actor in enumerate(self._actors)], startup_timeout, "started"
+            [actor.describe.remote(i) for i, actor in enumerate(self._actors)], "started"
         )
         self._workers = assign_ranks(placements, ray.get_runtime_context().get_node_id())
         self._actors = [self._actors[w.actor_index] for w in self._workers]  # now indexed by rank
         # Round trip 2: environment + initialization, concurrently on all ranks.
+        master_port = placements[self._workers[0].actor_index].free_port
+        envs = self._worker_envs(accelerator, bundle, master_port)
+        init_kwargs = self._init_kwargs(accelerator)
+        threshold = config.object_store_threshold
+        setups = [actor.setup.remote(w, env, init_kwargs, threshold) for w, actor, env in zip(self._workers, self._actors, envs)]
+        self._contexts = self._gather(setups, "initialised")
+
+    def _create_actor(self, accelerator: Accelerator, bundle: Mapping[str, float], index: int) -> Any:
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        return _RemoteWorker.options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            resources=custom,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index),
+        ).remote(accelerator.ray_resource)
+
+    def _worker_envs(self, accelerator: Accelerator, bundle: Mapping[str, float], master_port: int) -> List[Dict[str, str]]:
+        """Each rank's launcher environment: torchrun's variables, the node's
+        visible devices and this worker's device index, horovod's variables,
+        then the user's ``env``."""
         master = self._workers[0]
-        master_port = placements[master.actor_index].free_port
         run_id = uuid.uuid4().hex
-        extra_env: List[Dict[str, str]] = [{} for _ in self._workers]
-        if self._horovod:
+        extra: List[Dict[str, str]] = [{} for _ in self._workers]
+        if self.config.horovod:
             from raydist.pool.horovod import HorovodRendezvous
 
             self._rendezvous = HorovodRendezvous(self._workers)
-            extra_env = self._rendezvous.worker_envs()
-        device = DEVICE_OF_RESOURCE.get(resource or "", "cpu")
-        init_kwargs = (
-            {"device": device, "backend": self._backend, "horovod": self._horovod}
-            if self._init_process_group or self._horovod
-            else None
-        )
-        setups = []
-        for worker, actor, extra in zip(self._workers, self._actors, extra_env):
+            extra = self._rendezvous.worker_envs()
+        envs = []
+        for worker, horovod_env in zip(self._workers, extra):
             env = torchrun_env(
                 rank=worker.rank,
                 local_rank=worker.local_rank,
@@ -238,27 +198,36 @@ class WorkerGroup:
                 master_port=master_port,
                 run_id=run_id,
                 restart_count=self._restart_count,
-                max_restarts=self._max_restarts,
+                max_restarts=self.config.max_restarts,
                 omp_num_threads=max(1, int(bundle.get("CPU", 1))),
-                base_env={**os.environ, **self._env},
+                base_env={**os.environ, **self.config.env},
             )
-            if resource is not None:
-                env[VISIBLE_DEVICES_VAR[resource]] = ",".join(worker.visible_device_ids)
-            env.update(extra)
-            env.update(self._env)
-            setups.append(actor.setup.remote(worker, env, init_kwargs, self._object_store_threshold))
-        self._contexts = self._gather(setups, startup_timeout, "initialised")
+            if accelerator.visible_devices_var is not None:
+                env[accelerator.visible_devices_var] = ",".join(worker.visible_device_ids)
+            if worker.device_index is not None:
+                env[DEVICE_INDEX_VAR] = str(worker.device_index)
+            env.update(horovod_env)
+            env.update(self.config.env)
+            envs.append(env)
+        return envs
 
-    def _gather(self, refs: List[ray.ObjectRef], timeout: Optional[float], stage: str) -> List[Any]:
+    def _init_kwargs(self, accelerator: Accelerator) -> Optional[Dict[str, Any]]:
+        """What each worker passes to init_distributed (None: the code initialises itself)."""
+        if not (self.config.init_process_group or self.config.horovod):
+            return None
+        backend = None if self.config.horovod else self.config.backend
+        return {"device": accelerator.device_type, "backend": backend, "horovod": self.config.horovod}
+
+    def _gather(self, refs: List[ray.ObjectRef], stage: str) -> List[Any]:
         """Wait for a start-up step on every worker, with progress if it is slow."""
         with tqdm(total=len(refs), desc=f"raydist: workers {stage}", unit="worker", delay=5.0) as bar:
-            return self._collect(refs, timeout, progress=bar)
+            return self._collect(refs, self.config.startup_timeout, progress=bar, stage=stage)
 
     # -- calls --------------------------------------------------------------
 
     @property
     def workers(self) -> List[WorkerInfo]:
-        """Each rank's placement: rank, local rank, node rank, node id/IP, pid, device ids."""
+        """Each rank's placement: rank, local rank, node rank, node id/IP, pid, devices."""
         return list(self._workers)
 
     @property
@@ -270,14 +239,29 @@ class WorkerGroup:
     def num_workers(self) -> int:
         return len(self._workers)
 
-    def submit(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> WorkerFuture:
-        """Start ``fn(*args, **kwargs)`` on every rank; returns at once."""
+    def _check_usable(self) -> None:
+        self._check_session()
         if self._closed:
             raise RuntimeError("this WorkerGroup has been shut down")
-        call: Any = pickle_call(fn, args, kwargs or {})
-        if len(call) > INLINE_CALL_BYTES:
-            call = ray.put(call)  # big arguments: stored once, read by every rank
-        return WorkerFuture(self, [actor.execute.remote(call) for actor in self._actors])
+
+    def _check_session(self) -> None:
+        if connected_session() != self._session:
+            raise RuntimeError(
+                "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); "
+                "its workers are gone: start a new WorkerGroup"
+            )
+
+    def submit(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> WorkerFuture:
+        """Start ``fn(*args, **kwargs)`` on every rank; returns at once."""
+        args, kwargs = check_call(fn, args, kwargs)
+        call: Any = pickle_call(fn, args, kwargs)
+        with self._lock:
+            self._check_usable()
+            if len(call) > INLINE_CALL_BYTES:
+                call = ray.put(call)  # big arguments: stored once, read by every rank
+            # One lock around the sends: every rank queues calls in the same order.
+            refs = [actor.execute.remote(call) for actor in self._actors]
+        return WorkerFuture(self, refs, self.config.timeout)
 
     def run(
         self,
@@ -286,7 +270,9 @@ class WorkerGroup:
         kwargs: Optional[Mapping[str, Any]] = None,
         timeout: Optional[float] = None,
     ) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the return values ordered by rank."""
+        """``fn(*args, **kwargs)`` on every rank; the return values ordered by rank.
+
+        ``timeout`` defaults to the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs).result(timeout)
 
     def _failure(self, rank: int, died: str, crashed: bool, outcome: Optional[Outcome] = None) -> WorkerFailure:
@@ -303,96 +289,96 @@ class WorkerGroup:
             exception_type=outcome.exception_type if outcome else None,
         )
 
-    def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float], progress: Optional[tqdm] = None) -> List[Any]:
+    def _take(self, ready: List[ray.ObjectRef], pending: Dict[ray.ObjectRef, int], results: List[Any], failures: List[WorkerFailure]) -> None:
+        """Move finished ranks from ``pending`` into ``results`` or ``failures``."""
+        try:
+            values: List[Any] = ray.get(ready)  # one call for the common case
+        except Exception:
+            values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
+        for ref, value in zip(ready, values):
+            rank = pending.pop(ref)
+            try:
+                value = ray.get(ref) if value is _FETCH_ONE else value
+            except RayActorError as error:
+                failures.append(self._failure(rank, _death_text(error), crashed=True))
+                continue
+            except Exception as error:  # noqa: BLE001 - a start-up step raised
+                failures.append(self._failure(rank, str(error), crashed=False))
+                continue
+            if isinstance(value, Outcome):
+                if not value.ok:
+                    failures.append(self._failure(rank, "", crashed=False, outcome=value))
+                    continue
+                value = value.value
+            results[rank] = value
+
+    def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float], progress: Optional[tqdm] = None, stage: Optional[str] = None) -> List[Any]:
         """Wait for every rank (``refs`` is indexed by rank); on the first
         failure, gather what else failed within a short grace period, tear
         the group down, and raise."""
+        self._check_session()
         deadline = None if timeout is None else time.monotonic() + timeout
         pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
         results: List[Any] = [None] * len(refs)
         failures: List[WorkerFailure] = []
-
-        def take(ready: List[ray.ObjectRef]) -> None:
-            try:
-                values: List[Any] = ray.get(ready)  # one call for the common case
-            except Exception:
-                values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
-            for ref, value in zip(ready, values):
-                rank = pending.pop(ref)
-                try:
-                    value = ray.get(ref) if value is _FETCH_ONE else value
-                except RayActorError as error:
-                    failures.append(self._failure(rank, _death_text(error), crashed=True))
-                    continue
-                except Exception as error:  # noqa: BLE001 - a start-up step raised
-                    failures.append(self._failure(rank, str(error), crashed=False))
-                    continue
-                if isinstance(value, Outcome):
-                    if not value.ok:
-                        failures.append(self._failure(rank, "", crashed=False, outcome=value))
-                        continue
-                    value = value.value
-                results[rank] = value
-            if progress is not None:
-                progress.update(len(ready))
-
         try:
             # Fast path: a short call is usually back on every rank within
-            # FAST_PATH_S (ray.wait returns as soon as all are ready); only
-            # then fall back to one-at-a-time waiting that spots failures early.
-            first_wait = FAST_PATH_S if timeout is None else min(timeout, FAST_PATH_S)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=first_wait)
+            # FAST_PATH_S; only then wait one at a time to spot failures early.
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
             if len(ready) == len(refs):
-                take(ready)
+                self._take(ready, pending, results, failures)
             while pending and not failures:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
-                if not ready:
+                if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
                     break  # timed out
                 # Take everything already finished in one go (cheap for warm calls).
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-                take(ready)
+                self._take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, results, failures)
+                if progress is not None:
+                    progress.update(len(refs) - len(pending) - progress.n)
             if failures and pending:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
-                take(ready)
-        except BaseException:  # KeyboardInterrupt included: leave nothing running
+                self._take(ready, pending, results, failures)
+        except BaseException as error:  # KeyboardInterrupt included: leave nothing running
             self.shutdown(graceful=False)
+            if connected_session() != self._session:
+                raise RuntimeError("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
         if failures:
             self.shutdown(graceful=False)
             raise WorkerGroupError(failures)
         if pending:
             self.shutdown(graceful=False)
+            if stage is not None:
+                raise WorkerStartupTimeout(timeout or 0.0, stage, len(refs), self._pending_text(sorted(pending.values()), stage))
             raise WorkerGroupTimeout(timeout or 0.0, sorted(pending.values()))
         return results
+
+    def _pending_text(self, indices: List[int], stage: str) -> List[str]:
+        """Who is still starting: ranks with their node once ranks are known."""
+        if stage == "started" or not self._workers:
+            return [f"worker {i} (not yet reported where it runs)" for i in indices]
+        return [f"rank {i} (node {self._workers[i].node_id[:12]}, {self._workers[i].node_ip})" for i in indices]
 
     # -- teardown -----------------------------------------------------------
 
     def shutdown(self, graceful: bool = True) -> None:
         """Leave the process group (if ``graceful``), kill the actors, free the placement group.
 
-        Returns when the actors are dead. Safe to call more than once.
+        Returns when the actors are dead. Safe to call more than once, and
+        from any thread; never starts a Ray (after ``ray.shutdown()`` the
+        workers are gone with it).
         """
-        if self._closed:
-            return
-        self._closed = True
-        actors, self._actors = self._actors, []
-        if graceful and actors:
-            try:
-                ray.get([actor.teardown.remote() for actor in actors], timeout=TEARDOWN_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the actors are killed below regardless
-                pass
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        if self._pg is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
-        if actors:
-            # A call on a killed actor fails once Ray knows it is dead.
-            ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
-        if self._rendezvous is not None:
-            self._rendezvous.stop()
-            self._rendezvous = None
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            actors, self._actors = self._actors, []
+            pg, self._pg = self._pg, None
+            rendezvous, self._rendezvous = self._rendezvous, None
+        if connected_session() == self._session:
+            _stop_actors(actors, pg, graceful)
+        if rendezvous is not None:
+            rendezvous.stop()
 
     def __enter__(self) -> "WorkerGroup":
         return self
@@ -401,11 +387,26 @@ class WorkerGroup:
         self.shutdown(graceful=exc_info[0] is None)
 
     def __del__(self) -> None:  # pragma: no cover - best effort when the user forgets
-        if not getattr(self, "_closed", True) and ray.is_initialized():
+        if not getattr(self, "_closed", True):
             try:
                 self.shutdown(graceful=False)
             except Exception:
                 pass
+
+
+def _stop_actors(actors: List[Any], pg: Optional[PlacementGroup], graceful: bool) -> None:
+    if graceful and actors:
+        try:
+            ray.get([actor.teardown.remote() for actor in actors], timeout=TEARDOWN_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the actors are killed below regardless
+            pass
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    if pg is not None:
+        remove_placement_group(pg)
+    if actors:
+        # A call on a killed actor fails once Ray knows it is dead.
+        ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
 
 
 def _death_text(error: RayActorError) -> str:

@@ -1,10 +1,17 @@
 """Ranks that match the hardware, from where Ray actually placed each worker.
 
 Pure functions (no Ray calls), so the rules are easy to read and test:
-nodes are told apart by node id (several raylets may share an IP), the
-driver's node comes first, and workers on a node are ordered by their lowest
-accelerator id, so that ``local_rank`` indexes the worker's own device in the
-node-wide visible-devices list.
+
+- nodes are told apart by node id (several raylets may share an IP), and the
+  driver's node comes first;
+- workers on a node are ordered by their lowest device id;
+- every worker on a node sees the same visible-devices list: the union of
+  the group's device ids on that node, each once, in id order;
+- a worker's ``device_index`` is the position of its own first device in
+  that list. When every worker holds exactly one whole device it equals the
+  local rank (so torchrun scripts that use ``cuda:LOCAL_RANK`` keep
+  working); with several devices per worker, or a device shared by several
+  workers (fractional amounts), only ``device_index`` is right.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ class WorkerInfo:
     node_id: str
     node_ip: str
     pid: int
-    device_ids: Tuple[str, ...]  # this worker's accelerator ids as Ray assigned them
-    visible_device_ids: Tuple[str, ...]  # all of the node's ids, ordered by local rank
+    device_ids: Tuple[str, ...]  # this worker's device ids as Ray assigned them
+    visible_device_ids: Tuple[str, ...]  # the group's device ids on this node, in id order
+    device_index: Optional[int]  # own first device's position in visible_device_ids; None without devices
     actor_index: int
 
 
@@ -64,12 +72,9 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
     workers: List[WorkerInfo] = []
     for node_rank, node_id in enumerate(node_order):
         members = sorted(by_node[node_id], key=_worker_key)
-        visible = tuple(
-            device_id
-            for member in members
-            for device_id in sorted(member.accelerator_ids, key=_id_key)
-        )
+        visible = tuple(sorted({i for member in members for i in member.accelerator_ids}, key=_id_key))
         for local_rank, member in enumerate(members):
+            own = tuple(sorted(member.accelerator_ids, key=_id_key))
             workers.append(
                 WorkerInfo(
                     rank=len(workers),
@@ -80,8 +85,9 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
                     node_id=node_id,
                     node_ip=member.node_ip,
                     pid=member.pid,
-                    device_ids=tuple(sorted(member.accelerator_ids, key=_id_key)),
+                    device_ids=own,
                     visible_device_ids=visible,
+                    device_index=visible.index(own[0]) if own else None,
                     actor_index=member.index,
                 )
             )

@@ -16,9 +16,8 @@ import ray
 import ray.cloudpickle
 import torch
 
-# Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
-# broadcast, 1-2 MB for all-gather (benchmarks/collectives.py).
-DEFAULT_THRESHOLD_BYTES = 4 << 20
+from raydist.config import DEFAULT_OBJECT_STORE_THRESHOLD
+from raydist.pool.ray_private import drop_pickled_reference
 
 _MAX_ITEMS = 10_000  # do not walk huge containers just to size them
 
@@ -79,7 +78,7 @@ def _arrays_to_tensors(obj: Any) -> Any:
 class RayObjectStoreTransport:
     """The large-object path of raydist's collectives (see raydist.core.collectives)."""
 
-    def __init__(self, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES):
+    def __init__(self, threshold_bytes: int = DEFAULT_OBJECT_STORE_THRESHOLD):
         self.threshold_bytes = threshold_bytes
         self._owned: Dict[bytes, ray.ObjectRef] = {}  # handle -> reference, until freed
 
@@ -100,11 +99,9 @@ class RayObjectStoreTransport:
     def free(self, handle: bytes) -> None:
         ref = self._owned.pop(handle, None)
         if ref is not None:
-            # Pickling a reference out of band pins the object with a local
-            # reference that Ray never drops; drop it here, once every rank has
-            # read the object, so normal reference counting frees it (readers
-            # still mapping it zero-copy keep their buffer until they let go).
-            ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)
+            # Once every rank has read the object, normal reference counting
+            # may free it (readers mapping it zero-copy keep their buffer).
+            drop_pickled_reference(ref)
 
     @property
     def owned_objects(self) -> int:

@@ -3,9 +3,8 @@ and the placement group that reserves it."""
 
 from __future__ import annotations
 
-import json
-import uuid
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
@@ -13,16 +12,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from tqdm.auto import tqdm
 
+from raydist.core.accelerators import AUTO_ORDER, BY_NAME, CPU, Accelerator
+from raydist.pool import ray_private
 from raydist.pool.errors import InfeasibleResourcesError
-
-ACCELERATORS = ("auto", "gpu", "npu", "cpu")
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-# Ray resource name of each accelerator, and the variable Ray sets for it.
-ACCELERATOR_RESOURCE = {"gpu": "GPU", "npu": "NPU"}
-VISIBLE_DEVICES_VAR = {"GPU": "CUDA_VISIBLE_DEVICES", "NPU": "ASCEND_RT_VISIBLE_DEVICES"}
-# torch device kind each Ray accelerator resource maps to.
-DEVICE_OF_RESOURCE = {"GPU": "cuda", "NPU": "npu"}
 
 
 @dataclass(frozen=True)
@@ -40,31 +32,50 @@ def alive_nodes() -> List[ClusterNode]:
     ]
 
 
-def resolve_accelerator(accelerator: str, nodes: List[ClusterNode]) -> Optional[str]:
-    """The Ray resource to give each worker ("GPU", "NPU") or None for CPU-only workers."""
+def resolve_accelerator(accelerator: str, resources_per_worker: Mapping[str, float], nodes: List[ClusterNode]) -> Accelerator:
+    """The accelerator kind each worker gets.
+
+    "auto" takes a device resource named in ``resources_per_worker`` (so
+    ``{"GPU": 2}`` means GPU workers), else the first kind the cluster has,
+    else CPU.
+    """
     if accelerator != "auto":
-        return ACCELERATOR_RESOURCE.get(accelerator)
-    for resource in ("GPU", "NPU"):
-        if any(node.resources.get(resource, 0) >= 1 for node in nodes):
-            return resource
-    return None
+        return BY_NAME[accelerator]
+    for row in AUTO_ORDER:
+        if resources_per_worker.get(row.ray_resource or "", 0) > 0:
+            return row
+    for row in AUTO_ORDER:
+        if row.ray_resource not in resources_per_worker and any(
+            node.resources.get(row.ray_resource or "", 0) >= 1 for node in nodes
+        ):
+            return row
+    return CPU
 
 
-def default_num_workers(accelerator_resource: Optional[str], cpus_per_worker: float, nodes: List[ClusterNode]) -> int:
-    """One worker per accelerator in the cluster, else one per CPU slot."""
-    if accelerator_resource is not None:
-        return int(sum(node.resources.get(accelerator_resource, 0) for node in nodes))
-    return max(1, int(sum(node.resources.get("CPU", 0) for node in nodes) // cpus_per_worker))
-
-
-def worker_bundle(accelerator_resource: Optional[str], resources_per_worker: Optional[Mapping[str, float]]) -> Dict[str, float]:
-    """One worker's bundle: 1 CPU (+1 accelerator) unless the user says otherwise."""
+def worker_bundle(accelerator: Accelerator, resources_per_worker: Mapping[str, float]) -> Dict[str, float]:
+    """One worker's bundle: 1 CPU (+1 device) unless ``resources_per_worker`` says otherwise."""
     bundle: Dict[str, float] = {"CPU": 1.0}
-    if accelerator_resource is not None:
-        bundle[accelerator_resource] = 1.0
-    for name, amount in (resources_per_worker or {}).items():
-        bundle[name] = float(amount)
-    return {name: amount for name, amount in bundle.items() if amount > 0}
+    if accelerator.ray_resource is not None:
+        bundle[accelerator.ray_resource] = 1.0
+    bundle.update(resources_per_worker)
+    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
+    if not bundle:
+        raise ValueError(
+            f"resources_per_worker={dict(resources_per_worker)!r} leaves a worker with no resources; "
+            "Ray places a worker only with at least one (e.g. a fraction of a CPU)"
+        )
+    return bundle
+
+
+def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], nodes: List[ClusterNode]) -> int:
+    """One worker per device of the chosen kind (per share of one, for
+    fractional amounts), or per CPU slot when workers have no device; 0 when
+    the cluster has none."""
+    resource = accelerator.ray_resource or "CPU"
+    amount = bundle.get(resource)
+    if not amount:  # CPU workers asking for no CPU: as many as their other resources allow
+        return sum(_workers_that_fit(bundle, node) for node in nodes)
+    return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
 
 
 def _workers_that_fit(bundle: Mapping[str, float], node: ClusterNode) -> int:
@@ -107,32 +118,6 @@ def per_node_text(per_node: List[Mapping[str, float]]) -> str:
     return "[" + ", ".join(_fmt(r) for r in per_node) + "]"
 
 
-def cluster_has_autoscaler() -> bool:
-    """True when an autoscaler may add nodes (so an unmet request may still be met).
-
-    Every head runs a monitor; without a cluster config it uses Ray's
-    read-only provider, whose node types are just ``node_<node id>``.
-    """
-    try:
-        from ray._private import ray_constants
-        from ray.autoscaler._private.util import format_readonly_node_type
-        from ray.experimental.internal_kv import internal_kv_get_gcs_client
-
-        gcs = internal_kv_get_gcs_client()
-        v2 = gcs.internal_kv_get(
-            ray._raylet.GCS_AUTOSCALER_V2_ENABLED_KEY.encode(),
-            namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode(),
-        )
-        if v2 == b"1":
-            return True
-        status = gcs.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), namespace=None)
-        report = json.loads(status).get("autoscaler_report") or {} if status else {}
-        types = (report.get("node_type_mapping") or {}).items()
-        return any(node_type != format_readonly_node_type(node) for node, node_type in types)
-    except Exception:
-        return False
-
-
 def reserve(
     bundle: Mapping[str, float],
     num_workers: int,
@@ -146,7 +131,7 @@ def reserve(
     """
     nodes = alive_nodes()
     reason = infeasibility(bundle, num_workers, strategy, nodes)
-    if reason is not None and not cluster_has_autoscaler():
+    if reason is not None and not ray_private.cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
     pg = placement_group([dict(bundle)] * num_workers, strategy=strategy, name=f"raydist-{uuid.uuid4().hex[:12]}")
     try:
@@ -176,7 +161,7 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], num_work
                 raise InfeasibleResourcesError(
                     f"gave up after {startup_timeout:g} s waiting for {num_workers} workers of "
                     f"{_fmt(bundle)} each ({strategy}); cluster nodes have {per_node_text(available)} "
-                    f"in total, currently available {_fmt(ray.available_resources())}"
+                    f"in total, currently free {_fmt(_free(bundle))}"
                 )
             bar.set_postfix_str(f"waiting for {_fmt(bundle)} x {num_workers}; free: {_fmt(_free(bundle))}")
 

@@ -20,10 +20,11 @@ __all__ = ["resolve_script", "run_script"]
 
 
 def resolve_script(path: str, path_as_typed: str) -> str:
-    """The script file on this machine: ``path`` (as the driver resolved it) if
-    it is here, else ``path_as_typed`` relative to this worker's directory."""
+    """The script on this machine: ``path`` (as the driver resolved it) if it
+    is here, else ``path_as_typed`` relative to this worker's directory. A
+    directory with a ``__main__.py`` counts, as for ``python DIR``."""
     for candidate in (path, path_as_typed):
-        if os.path.isfile(candidate):
+        if os.path.isfile(candidate) or os.path.isfile(os.path.join(candidate, "__main__.py")):
             return os.path.abspath(candidate)
     raise FileNotFoundError(
         f"script {path_as_typed!r} not found on this worker (tried {path!r} and "
@@ -81,7 +82,8 @@ def run_script(
         else:
             path = resolve_script(target, target_as_typed or target)
             sys.argv = [path, *script_args]  # run_path sets argv[0] to the path anyway
-            sys.path.insert(0, os.path.dirname(path))
+            if not os.path.isdir(path):  # run_path puts a directory itself first on sys.path
+                sys.path.insert(0, os.path.dirname(path))
             runpy.run_path(path, run_name="__main__")
         succeeded = True
     except SystemExit as stop:

@@ -17,10 +17,7 @@ from raydist.core import collectives
 from raydist.core.initialize import DistInfo, init_distributed, shutdown
 from raydist.pool.layout import Placement, WorkerInfo
 from raydist.pool.object_store import RayObjectStoreTransport
-
-# Ray's log monitor takes a line starting with this as the actor's name, and
-# prefixes the actor's output with it: "(rank=3 pid=...)".
-_RAY_ACTOR_NAME_TOKEN = ":actor_name:"
+from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ class RayWorker:
         """Set the launcher environment, then (unless ``init_kwargs`` is None) initialise."""
         self._worker = worker
         for stream in (sys.stdout, sys.stderr):
-            print(f"{_RAY_ACTOR_NAME_TOKEN}rank={worker.rank}", file=stream, flush=True)
+            print(f"{ACTOR_NAME_TOKEN}rank={worker.rank}", file=stream, flush=True)
         os.environ.update(env)
         if object_store_threshold is not None:
             collectives.set_large_object_transport(RayObjectStoreTransport(object_store_threshold))

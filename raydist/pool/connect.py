@@ -1,0 +1,137 @@
+"""One way to reach Ray, for the Python API and the CLI alike.
+
+``ray.init(address=...)`` retries a closed port for many minutes, hangs on a
+port that accepts and never answers, and against a token-protected cluster
+prints ``InvalidAuthToken`` once a second for 20 s. ``connect`` checks the
+address first (a TCP probe, then one GCS request) so each of these fails in
+seconds with a ConnectionError that names the address and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import ray
+
+from raydist.pool import ray_private
+
+DEFAULT_GCS_PORT = 6379
+DEFAULT_CLIENT_PORT = 10001
+# A closed port refuses at once; this bounds an address that drops packets.
+TCP_PROBE_TIMEOUT_S = 4.0
+# Ray's own GCS client gives up on a silent port after ~40 s.
+GCS_ANSWER_TIMEOUT_S = 45.0
+# A private Ray started for a run: only what a run needs (no dashboard).
+PRIVATE_RAY_OPTIONS: Dict[str, Any] = {"include_dashboard": False}
+
+TOKEN_HINT = (
+    "set RAY_AUTH_MODE=token here and make the cluster's token readable on this machine: "
+    "~/.ray/auth_token, a file named by RAY_AUTH_TOKEN_PATH, or the RAY_AUTH_TOKEN variable "
+    "(`ray get-auth-token` on the head node prints it)"
+)
+
+
+def resolve_address(address: Optional[str], standalone: bool = False) -> Tuple[Optional[str], str]:
+    """The address to use and where it came from (for messages)."""
+    if standalone:
+        return "local", "--standalone"
+    if address:
+        return address, "address"
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    return None, "default"
+
+
+def host_and_port(address: str) -> Tuple[str, int]:
+    """Host and port of a Ray address (``HOST[:PORT]``, ``[IPv6]:PORT``, ``ray://HOST:PORT``)."""
+    rest, port = address, DEFAULT_GCS_PORT
+    if rest.startswith("ray://"):
+        rest, port = rest[len("ray://") :], DEFAULT_CLIENT_PORT
+    rest = rest.split("/", 1)[0]
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        return host, int(tail[1:]) if tail.startswith(":") and tail[1:].isdigit() else port
+    host, sep, port_text = rest.rpartition(":")
+    if not sep:
+        return rest, port
+    if not port_text.isdigit():
+        raise ValueError(f"invalid Ray address {address!r}: port {port_text!r} is not a number")
+    return host, int(port_text)
+
+
+def _check_reachable(address: str, source: str) -> None:
+    host, port = host_and_port(address)
+    try:
+        socket.create_connection((host, port), timeout=TCP_PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address} (from {source}): {error}") from None
+
+
+def _check_answers(address: str, source: str, timeout: float) -> None:
+    """One GCS request, bounded by ``timeout`` even if Ray's client hangs."""
+    outcome: Dict[str, BaseException] = {}
+
+    def probe() -> None:
+        try:
+            ray_private.probe_gcs(address)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=probe, name="raydist-gcs-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    where = f"the Ray cluster at {address} (from {source})"
+    if thread.is_alive():
+        raise ConnectionError(f"no Ray cluster answered at {address} (from {source}) within {timeout:g} s")
+    error = outcome.get("error")
+    if error is None:
+        return
+    if isinstance(error, ray.exceptions.AuthenticationError):
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise ConnectionError(
+            f"{where} requires token authentication and rejected this driver (RAY_AUTH_MODE is {mode}): {TOKEN_HINT}"
+        ) from None
+    raise ConnectionError(f"no Ray cluster answered at {address} (from {source}): {error}") from None
+
+
+def connect(address: Optional[str] = None, *, startup_timeout: float = 300.0, standalone: bool = False) -> bool:
+    """Connect to Ray unless this process already is; True if this call connected.
+
+    ``address`` (else RAY_ADDRESS) names a cluster; without one, ``ray.init()``
+    joins a cluster started with ``ray start`` on this machine or starts a
+    private local Ray (``standalone``: always a private one). A cluster that
+    cannot be reached, does not answer within ``startup_timeout`` or rejects
+    this driver's token raises ConnectionError naming the address.
+    """
+    if ray.is_initialized():
+        return False
+    address, source = resolve_address(address, standalone)
+    if address in (None, "local"):
+        ray.init(address=address, **PRIVATE_RAY_OPTIONS)
+        return True
+    if address != "auto":
+        _check_reachable(address, source)
+        if not address.startswith("ray://"):
+            _check_answers(address, source, min(startup_timeout, GCS_ANSWER_TIMEOUT_S))
+    try:
+        ray.init(address=address)
+    except ConnectionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
+        raise ConnectionError(f"cannot connect to the Ray cluster at {address} (from {source}): {error}") from None
+    return True
+
+
+def connected_session() -> Optional[str]:
+    """An id of the Ray this process is connected to (None when it is not).
+
+    Actor handles are valid only in the session that made them; the GCS
+    address and job id tell sessions apart.
+    """
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    return f"{context.gcs_address}/{context.get_job_id()}"

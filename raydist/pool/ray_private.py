@@ -1,0 +1,113 @@
+"""Every private Ray API raydist relies on, in one place.
+
+Each function says which public API is missing. When a private API is gone
+or fails (a newer Ray), the fallback logs a warning once instead of quietly
+changing behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable, Dict
+
+import ray
+
+logger = logging.getLogger("raydist")
+_warned: set = set()
+
+# Ray's log monitor takes a line starting with this token as the actor's
+# display name and prefixes the actor's later output with it ("(rank=3 pid=...)").
+# No public API names an actor's log prefix after creation.
+ACTOR_NAME_TOKEN = ":actor_name:"
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("raydist: %s", message)
+
+
+def cluster_has_autoscaler() -> bool:
+    """True when an autoscaler may add nodes, so an unmet request may still be met.
+
+    No public API says whether a cluster can grow. Every head runs a monitor;
+    without a cluster config it uses Ray's read-only provider, whose node
+    types are just ``node_<node id>``; autoscaler v2 sets a flag in the GCS.
+    If this cannot be read, assume an autoscaler (wait, with progress, rather
+    than refuse a request that might be met) and say so.
+    """
+    try:
+        from ray._private import ray_constants
+        from ray.autoscaler._private.util import format_readonly_node_type
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+        gcs = internal_kv_get_gcs_client()
+        v2 = gcs.internal_kv_get(
+            ray._raylet.GCS_AUTOSCALER_V2_ENABLED_KEY.encode(),
+            namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode(),
+        )
+        if v2 == b"1":
+            return True
+        status = gcs.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), namespace=None)
+        report = (json.loads(status).get("autoscaler_report") or {}) if status else {}
+        types = (report.get("node_type_mapping") or {}).items()
+        return any(node_type != format_readonly_node_type(node) for node, node_type in types)
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once(
+            "autoscaler",
+            f"cannot tell whether this cluster autoscales ({type(error).__name__}: {error}); "
+            "requests that do not fit now will be waited for up to startup_timeout",
+        )
+        return True
+
+
+def wrap_worker_output_printer(wrap: Callable[[Callable[[Dict[str, Any]], None]], Callable[[Dict[str, Any]], None]]) -> bool:
+    """Replace the driver's printer of worker output with ``wrap(printer)``.
+
+    No public API lets a driver see worker lines as they are forwarded (only
+    ``log_to_driver`` on/off). False, with a warning, where this Ray has no
+    printer to wrap.
+    """
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        with dispatcher._lock:
+            for index, (name, handler) in enumerate(dispatcher.handlers):
+                if name == "ray_print_logs":
+                    dispatcher.handlers[index] = (name, wrap(handler))
+                    return True
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("printer", f"cannot follow worker output ({type(error).__name__}: {error}); "
+                  "the last lines of a run may print after it ends")
+        return False
+    warn_once("printer", "no worker-output printer to follow; the last lines of a run may print after it ends")
+    return False
+
+
+def drop_pickled_reference(ref: ray.ObjectRef) -> None:
+    """Drop the extra local reference that pickling ``ref`` out of band added.
+
+    Ray pins an object whose reference was serialised out of band and offers
+    no public call to unpin it; without this the object would stay in the
+    store until the worker exits.
+    """
+    try:
+        ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("unpin", f"cannot release large objects early ({type(error).__name__}: {error}); "
+                  "they are freed when the worker exits")
+
+
+def probe_gcs(address: str) -> None:
+    """Ask the GCS at ``address`` for one value; raise what Ray raises.
+
+    ``ray.init`` against a token-protected cluster without a token prints
+    ``InvalidAuthToken`` once a second for 20 s before failing, and against a
+    port that is no Ray it retries for minutes; a bare GCS client fails at
+    once with ``ray.exceptions.AuthenticationError`` (or after ~40 s with
+    ``RpcError``). The GCS client is not public API.
+    """
+    from ray._raylet import GcsClient
+
+    GcsClient(address=address).internal_kv_get(b"raydist-probe", namespace=None, timeout=5)

@@ -1,0 +1,110 @@
+"""The pure rank and device assignment, for every resource shape a worker can
+have: one whole device, several, a share of one, NPUs, none, and nodes of
+different sizes. No Ray: placements are written out as Ray would report them."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import pytest
+
+from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
+
+DRIVER = "node-a"
+
+
+def placed(*workers: Tuple[str, Sequence[str]]) -> List[Placement]:
+    """Placements in actor order: (node id, device ids Ray gave the worker)."""
+    return [
+        Placement(index=i, node_id=node, node_ip=f"10.0.0.{ord(node[-1]) - 96}", pid=100 + i,
+                  accelerator_ids=tuple(ids), free_port=20000 + i)
+        for i, (node, ids) in enumerate(workers)
+    ]
+
+
+def table(workers: List[WorkerInfo]) -> List[Tuple[int, str, int, Tuple[str, ...], Tuple[str, ...], object]]:
+    return [(w.rank, w.node_id, w.local_rank, w.device_ids, w.visible_device_ids, w.device_index) for w in workers]
+
+
+def test_one_whole_gpu_each_device_index_is_the_local_rank() -> None:
+    workers = assign_ranks(placed(("node-a", ["3"]), ("node-a", ["1"]), ("node-a", ["0"]), ("node-a", ["2"])), DRIVER)
+    assert table(workers) == [
+        (0, "node-a", 0, ("0",), ("0", "1", "2", "3"), 0),
+        (1, "node-a", 1, ("1",), ("0", "1", "2", "3"), 1),
+        (2, "node-a", 2, ("2",), ("0", "1", "2", "3"), 2),
+        (3, "node-a", 3, ("3",), ("0", "1", "2", "3"), 3),
+    ]
+    assert all(w.device_index == w.local_rank for w in workers)  # torchrun's cuda:LOCAL_RANK holds
+
+
+def test_two_gpus_each_points_at_own_first_device_not_the_local_rank() -> None:
+    # Ray gave rank 1 GPUs 2 and 3: device 1 would be rank 0's second GPU.
+    workers = assign_ranks(placed(("node-a", ["2", "3"]), ("node-a", ["0", "1"])), DRIVER)
+    assert table(workers) == [
+        (0, "node-a", 0, ("0", "1"), ("0", "1", "2", "3"), 0),
+        (1, "node-a", 1, ("2", "3"), ("0", "1", "2", "3"), 2),
+    ]
+
+
+def test_half_a_gpu_each_two_workers_share_one_device_listed_once() -> None:
+    workers = assign_ranks(placed(("node-a", ["0"]), ("node-a", ["0"]), ("node-a", ["1"])), DRIVER)
+    assert table(workers) == [
+        (0, "node-a", 0, ("0",), ("0", "1"), 0),
+        (1, "node-a", 1, ("0",), ("0", "1"), 0),
+        (2, "node-a", 2, ("1",), ("0", "1"), 1),
+    ]
+
+
+def test_npus_two_per_worker_with_gaps_in_the_ids() -> None:
+    # Another group holds NPUs 2-3: this group's list leaves them out.
+    workers = assign_ranks(placed(("node-a", ["4", "5"]), ("node-a", ["0", "1"])), DRIVER)
+    assert [(w.visible_device_ids, w.device_index) for w in workers] == [
+        (("0", "1", "4", "5"), 0),
+        (("0", "1", "4", "5"), 2),
+    ]
+
+
+def test_ids_sort_as_numbers() -> None:
+    workers = assign_ranks(placed(("node-a", ["10"]), ("node-a", ["9"])), DRIVER)
+    assert [w.device_ids for w in workers] == [("9",), ("10",)]
+    assert workers[0].visible_device_ids == ("9", "10")
+
+
+def test_cpu_only_workers_have_no_device() -> None:
+    workers = assign_ranks(placed(("node-a", []), ("node-a", []), ("node-a", [])), DRIVER)
+    assert [(w.rank, w.local_rank, w.visible_device_ids, w.device_index) for w in workers] == [
+        (0, 0, (), None), (1, 1, (), None), (2, 2, (), None),
+    ]
+    assert [w.actor_index for w in workers] == [0, 1, 2]  # stable: actor order
+
+
+def test_two_nodes_of_different_sizes_driver_node_first() -> None:
+    # node-b has 2 GPUs per worker and 3 workers; the driver's node-a has 1 worker of 1 GPU.
+    workers = assign_ranks(
+        placed(("node-b", ["4", "5"]), ("node-b", ["0", "1"]), ("node-a", ["7"]), ("node-b", ["2", "3"])),
+        DRIVER,
+    )
+    by_rank: Dict[int, WorkerInfo] = {w.rank: w for w in workers}
+    assert [(w.node_id, w.node_rank, w.local_rank, w.local_world_size, w.num_nodes) for w in workers] == [
+        ("node-a", 0, 0, 1, 2),
+        ("node-b", 1, 0, 3, 2),
+        ("node-b", 1, 1, 3, 2),
+        ("node-b", 1, 2, 3, 2),
+    ]
+    assert by_rank[0].visible_device_ids == ("7",) and by_rank[0].device_index == 0
+    assert [by_rank[r].device_index for r in (1, 2, 3)] == [0, 2, 4]
+    assert {by_rank[r].visible_device_ids for r in (1, 2, 3)} == {("0", "1", "2", "3", "4", "5")}
+
+
+@pytest.mark.parametrize("driver", [DRIVER, None, "node-elsewhere"])
+def test_every_worker_device_index_points_at_its_own_first_device(driver: object) -> None:
+    workers = assign_ranks(
+        placed(("node-b", ["1"]), ("node-a", ["0", "1"]), ("node-b", ["0"]), ("node-a", ["2", "3"]), ("node-b", ["1"])),
+        driver,  # type: ignore[arg-type]
+    )
+    assert [w.rank for w in workers] == list(range(5))
+    for worker in workers:
+        assert worker.visible_device_ids[worker.device_index] == worker.device_ids[0]  # type: ignore[index]
+        mates = [w for w in workers if w.node_id == worker.node_id]
+        union = sorted({i for w in mates for i in w.device_ids}, key=int)
+        assert list(worker.visible_device_ids) == union
