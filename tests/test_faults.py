@@ -220,9 +220,13 @@ def test_bundle_bigger_than_any_node_fails_fast() -> None:
 def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> None:
     with raydist.WorkerGroup(2, accelerator="gpu"):  # holds both GPUs
         start = time.monotonic()
-        with pytest.raises(raydist.InfeasibleResourcesError, match="gave up after 2 s"):
+        with pytest.raises(raydist.InfeasibleResourcesError, match="gave up after 2 s") as caught:
             raydist.run(lambda: None, num_workers=1, accelerator="gpu", startup_timeout=2)
         assert 2 <= time.monotonic() - start < 2 + INFEASIBLE_BOUND_S
+    # What was asked, and what is free of those kinds, zeros included; no Ray internals.
+    message = str(caught.value)
+    assert "of {CPU: 1, GPU: 1} each" in message and "GPU: 0}" in message.split("currently free", 1)[1]
+    assert "bundle_group" not in message and "_group_" not in message
     assert live_placement_groups() == []
 
 
@@ -255,3 +259,14 @@ def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(monke
         assert ray_private.cluster_has_autoscaler() is True
     assert "cannot tell whether this cluster autoscales" in caplog.text
     assert "no GCS client in this Ray" in caplog.text
+
+
+def test_start_up_timeout_names_the_stage_and_who_is_still_starting() -> None:
+    from raydist.pool.errors import WorkerGroupTimeout, WorkerStartupTimeout
+
+    error = WorkerStartupTimeout(30.0, "initialised", 4, ["rank 2 (node 0123456789ab, 10.0.0.2)"])
+    assert str(error) == (
+        "start-up timed out: 3 of 4 workers initialised after 30 s; "
+        "rank 2 (node 0123456789ab, 10.0.0.2) still initialising"
+    )
+    assert isinstance(error, TimeoutError) and not isinstance(error, WorkerGroupTimeout)

@@ -108,3 +108,4 @@ def test_every_worker_device_index_points_at_its_own_first_device(driver: object
         mates = [w for w in workers if w.node_id == worker.node_id]
         union = sorted({i for w in mates for i in w.device_ids}, key=int)
         assert list(worker.visible_device_ids) == union
+
