@@ -1,5 +1,6 @@
 """Horovod on the worker group: horovod's own Gloo rendezvous server, run by
-the driver, with a host plan built from the group's node layout.
+the driver and listening on its node IP only, with a host plan built from the
+group's node layout and a request handler that survives repeated hvd.init().
 
 Horovod scopes its gloo rendezvous by hostname (``local_<HOROVOD_HOSTNAME>``):
 each worker's HOROVOD_HOSTNAME is its Ray node id, exactly as in the plan, so
@@ -8,8 +9,9 @@ several raylets sharing one IP are still told apart.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Type
 
 import psutil
 import ray
@@ -17,7 +19,10 @@ import ray
 from raydist.pool.layout import WorkerInfo
 
 if TYPE_CHECKING:  # horovod is imported only when a horovod group starts
+    from http.server import BaseHTTPRequestHandler
+
     from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
 
 
 def host_plan(workers: Sequence[WorkerInfo]) -> List["SlotInfo"]:
@@ -45,15 +50,61 @@ def host_plan(workers: Sequence[WorkerInfo]) -> List["SlotInfo"]:
     return slots
 
 
+@functools.lru_cache(maxsize=None)
+def scoped_rendezvous_handler() -> Type["BaseHTTPRequestHandler"]:
+    """horovod's RendezvousHandler with a DELETE that clears only the scope that finished."""
+    from horovod.runner.http.http_server import OK, RendezvousHandler
+
+    class ScopedRendezvousHandler(RendezvousHandler):
+        # horovod 0.28.1's DELETE, on completing any scope, empties the finished
+        # lists of all scopes: a one-rank cross_<n> completing between two
+        # ranks' local_<host> DELETEs leaves local_<host> uncleared, and the
+        # next hvd.init() reads a peer's old address (gloo "Connection refused").
+        def do_DELETE(self) -> None:
+            parts = self.path.split("/")
+            if len(parts) != 3 or parts[1] not in self.server.scope_size:
+                super().do_DELETE()  # bad paths and ad-hoc scopes: horovod's handling is right
+                return
+            _, scope, key = parts
+            with self.server.finished_list_lock:
+                finished = self.server.finished_list[scope]
+                if key not in finished:  # a DELETE the client retried counts once
+                    finished.append(key)
+                if len(finished) == self.server.scope_size[scope]:
+                    with self.server.cache_lock:
+                        self.server.cache.pop(scope, None)
+                    del self.server.finished_list[scope]
+            self.send_status_code(OK)
+
+    return ScopedRendezvousHandler
+
+
+def bound_rendezvous_server(host: str) -> "RendezvousServer":
+    """horovod's RendezvousServer listening on ``host`` only: its own start()
+    binds every interface, and the server has no authentication."""
+    from horovod.runner.http.http_server import RendezvousHTTPServer, RendezvousServer
+    from horovod.runner.util.threads import in_thread
+
+    class BoundRendezvousServer(RendezvousServer):
+        def start(self, handler_cls: Type["BaseHTTPRequestHandler"]) -> int:
+            # Port 0: the OS picks a free port on that address.
+            self._httpd = RendezvousHTTPServer((host, 0), handler_cls, self._verbose)
+            self._listen_thread = in_thread(target=self._httpd.serve_forever)
+            return int(self._httpd.server_address[1])
+
+    return BoundRendezvousServer()
+
+
 class HorovodRendezvous:
-    """horovod's RendezvousServer on the driver's node, for one worker group."""
+    """horovod's RendezvousServer on the driver's node IP, for one worker group."""
+
+    # The server's request handler; None means scoped_rendezvous_handler().
+    handler_cls: Optional[Type["BaseHTTPRequestHandler"]] = None
 
     def __init__(self, workers: Sequence[WorkerInfo]):
-        from horovod.runner.http.http_server import RendezvousServer
-
-        self._server = RendezvousServer()
-        self.port: int = self._server.start()
         self.address: str = ray.util.get_node_ip_address()
+        self._server = bound_rendezvous_server(self.address)
+        self.port: int = self._server.start(self.handler_cls or scoped_rendezvous_handler())
         self.plan = host_plan(workers)
         self._server.init(self.plan)
 
