@@ -11,42 +11,33 @@ killed, not waited for.
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 import uuid
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import ray
 import ray.cloudpickle
-from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm.auto import tqdm
 
 from raydist.config import RunConfig, check_seconds, check_call, make_config
 from raydist.core.accelerators import Accelerator
-from raydist.core.environment import torchrun_env
-from raydist.core.initialize import DEVICE_INDEX_VAR, DistInfo, import_horovod
+from raydist.core.initialize import DistInfo, import_horovod
 from raydist.pool.connect import connect, connected_session
-from raydist.pool.errors import InfeasibleResourcesError, WorkerFailure, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
-from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
+from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
+from raydist.pool.layout import Placement, WorkerInfo, assign_ranks, worker_env
 from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, worker_bundle
-from raydist.pool.worker import Outcome, RayWorker
+from raydist.pool.waiting import wait_for_ranks
+from raydist.pool.worker import RayWorker
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
 
-# After the first failure, how long to let other ranks report theirs (so that
-# the same error on every rank is reported once, with all the ranks).
-FAILURE_GRACE_S = 0.5
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
-# How long a call's first, all-ranks wait lasts before failure-aware waiting.
-FAST_PATH_S = 0.05
 # Calls up to this size travel inside each actor task (no object-store round trip).
 INLINE_CALL_BYTES = 64 * 1024
 _RemoteWorker = ray.remote(RayWorker)
-_FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
 
 
 def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
@@ -185,31 +176,20 @@ class WorkerGroup:
 
             self._rendezvous = HorovodRendezvous(self._workers)
             extra = self._rendezvous.worker_envs()
-        envs = []
-        for worker, horovod_env in zip(self._workers, extra):
-            env = torchrun_env(
-                rank=worker.rank,
-                local_rank=worker.local_rank,
-                world_size=len(self._workers),
-                local_world_size=worker.local_world_size,
-                node_rank=worker.node_rank,
-                num_nodes=worker.num_nodes,
+        return [
+            worker_env(
+                worker,
                 master_addr=master.node_ip,
                 master_port=master_port,
                 run_id=run_id,
                 restart_count=self._restart_count,
-                max_restarts=self.config.max_restarts,
-                omp_num_threads=max(1, int(bundle.get("CPU", 1))),
-                base_env={**os.environ, **self.config.env},
+                config=self.config,
+                accelerator=accelerator,
+                cpus=bundle.get("CPU", 1),
+                extra=horovod_env,
             )
-            if accelerator.visible_devices_var is not None:
-                env[accelerator.visible_devices_var] = ",".join(worker.visible_device_ids)
-            if worker.device_index is not None:
-                env[DEVICE_INDEX_VAR] = str(worker.device_index)
-            env.update(horovod_env)
-            env.update(self.config.env)
-            envs.append(env)
-        return envs
+            for worker, horovod_env in zip(self._workers, extra)
+        ]
 
     def _init_kwargs(self, accelerator: Accelerator) -> Optional[Dict[str, Any]]:
         """What each worker passes to init_distributed (None: the code initialises itself)."""
@@ -275,83 +255,26 @@ class WorkerGroup:
         ``timeout`` defaults to the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs).result(timeout)
 
-    def _failure(self, rank: int, died: str, crashed: bool, outcome: Optional[Outcome] = None) -> WorkerFailure:
-        worker = self._workers[rank] if rank < len(self._workers) else None
-        return WorkerFailure(
-            rank=rank,
-            node_id=worker.node_id if worker else "?",
-            node_ip=worker.node_ip if worker else "?",
-            pid=worker.pid if worker else -1,
-            timestamp=outcome.timestamp if outcome and outcome.timestamp else time.time(),
-            traceback=outcome.traceback if outcome else (None if crashed else died),
-            exit_code=outcome.exit_code if outcome else None,
-            died=died if crashed else None,
-            exception_type=outcome.exception_type if outcome else None,
-        )
-
-    def _take(self, ready: List[ray.ObjectRef], pending: Dict[ray.ObjectRef, int], results: List[Any], failures: List[WorkerFailure]) -> None:
-        """Move finished ranks from ``pending`` into ``results`` or ``failures``."""
-        try:
-            values: List[Any] = ray.get(ready)  # one call for the common case
-        except Exception:
-            values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
-        for ref, value in zip(ready, values):
-            rank = pending.pop(ref)
-            try:
-                value = ray.get(ref) if value is _FETCH_ONE else value
-            except RayActorError as error:
-                failures.append(self._failure(rank, _death_text(error), crashed=True))
-                continue
-            except Exception as error:  # noqa: BLE001 - a start-up step raised
-                failures.append(self._failure(rank, str(error), crashed=False))
-                continue
-            if isinstance(value, Outcome):
-                if not value.ok:
-                    failures.append(self._failure(rank, "", crashed=False, outcome=value))
-                    continue
-                value = value.value
-            results[rank] = value
-
     def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float], progress: Optional[tqdm] = None, stage: Optional[str] = None) -> List[Any]:
-        """Wait for every rank (``refs`` is indexed by rank); on the first
-        failure, gather what else failed within a short grace period, tear
-        the group down, and raise."""
+        """Every rank's value (``refs`` is indexed by rank); on a failure or
+        timeout, tear the group down and raise."""
         self._check_session()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
-        results: List[Any] = [None] * len(refs)
-        failures: List[WorkerFailure] = []
         try:
-            # Fast path: a short call is usually back on every rank within
-            # FAST_PATH_S; only then wait one at a time to spot failures early.
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
-            if len(ready) == len(refs):
-                self._take(ready, pending, results, failures)
-            while pending and not failures:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
-                    break  # timed out
-                # Take everything already finished in one go (cheap for warm calls).
-                self._take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, results, failures)
-                if progress is not None:
-                    progress.update(len(refs) - len(pending) - progress.n)
-            if failures and pending:
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
-                self._take(ready, pending, results, failures)
+            waited = wait_for_ranks(refs, timeout, self._workers, progress)
         except BaseException as error:  # KeyboardInterrupt included: leave nothing running
             self.shutdown(graceful=False)
             if connected_session() != self._session:
                 raise RuntimeError("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
-        if failures:
+        if waited.failures:
             self.shutdown(graceful=False)
-            raise WorkerGroupError(failures)
-        if pending:
+            raise WorkerGroupError(waited.failures)
+        if waited.pending:
             self.shutdown(graceful=False)
             if stage is not None:
-                raise WorkerStartupTimeout(timeout or 0.0, stage, len(refs), self._pending_text(sorted(pending.values()), stage))
-            raise WorkerGroupTimeout(timeout or 0.0, sorted(pending.values()))
-        return results
+                raise WorkerStartupTimeout(timeout or 0.0, stage, len(refs), self._pending_text(waited.pending, stage))
+            raise WorkerGroupTimeout(timeout or 0.0, waited.pending)
+        return waited.results
 
     def _pending_text(self, indices: List[int], stage: str) -> List[str]:
         """Who is still starting: ranks with their node once ranks are known."""
@@ -407,12 +330,3 @@ def _stop_actors(actors: List[Any], pg: Optional[PlacementGroup], graceful: bool
     if actors:
         # A call on a killed actor fails once Ray knows it is dead.
         ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
-
-
-def _death_text(error: RayActorError) -> str:
-    text = str(error)
-    for line in text.splitlines():
-        line = line.strip()
-        if "exit" in line.lower() or "signal" in line.lower() or "killed" in line.lower():
-            return line
-    return text.strip().splitlines()[0] if text.strip() else "the worker process died"

@@ -16,8 +16,16 @@ Pure functions (no Ray calls), so the rules are easy to read and test:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from raydist.core.accelerators import Accelerator
+from raydist.core.environment import torchrun_env
+from raydist.core.initialize import DEVICE_INDEX_VAR
+
+if TYPE_CHECKING:
+    from raydist.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class WorkerInfo:
     """One worker of a group: where it runs and which rank it holds."""
 
     rank: int
+    world_size: int
     local_rank: int
     local_world_size: int
     node_rank: int
@@ -78,6 +87,7 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
             workers.append(
                 WorkerInfo(
                     rank=len(workers),
+                    world_size=len(placements),
                     local_rank=local_rank,
                     local_world_size=len(members),
                     node_rank=node_rank,
@@ -92,3 +102,42 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
                 )
             )
     return workers
+
+
+def worker_env(
+    worker: WorkerInfo,
+    *,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    restart_count: int,
+    config: "RunConfig",
+    accelerator: Accelerator,
+    cpus: float,
+    extra: Mapping[str, str],
+) -> Dict[str, str]:
+    """One rank's launcher environment: torchrun's variables, the node's
+    visible devices and this worker's device index, ``extra`` (horovod's),
+    then the user's ``env`` (which may not name any of the launcher's own)."""
+    env = torchrun_env(
+        rank=worker.rank,
+        local_rank=worker.local_rank,
+        world_size=worker.world_size,
+        local_world_size=worker.local_world_size,
+        node_rank=worker.node_rank,
+        num_nodes=worker.num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+        run_id=run_id,
+        restart_count=restart_count,
+        max_restarts=config.max_restarts,
+        omp_num_threads=max(1, int(cpus)),
+        base_env={**os.environ, **config.env},
+    )
+    if accelerator.visible_devices_var is not None:
+        env[accelerator.visible_devices_var] = ",".join(worker.visible_device_ids)
+    if worker.device_index is not None:
+        env[DEVICE_INDEX_VAR] = str(worker.device_index)
+    env.update(extra)
+    env.update(config.env)
+    return env

@@ -1,0 +1,122 @@
+"""Waiting for one step on every rank: the values by rank, or what went wrong.
+
+The group decides what to raise and tears itself down; this module only
+waits, spots the first failure early, and turns each failed rank into a
+``WorkerFailure`` (who, where, and the traceback or how the process died).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import ray
+from ray.exceptions import RayActorError
+from tqdm.auto import tqdm
+
+from raydist.pool.errors import WorkerFailure
+from raydist.pool.layout import WorkerInfo
+from raydist.pool.worker import Outcome
+
+# After the first failure, how long to let other ranks report theirs (so that
+# the same error on every rank is reported once, with all the ranks).
+FAILURE_GRACE_S = 0.5
+# How long a call's first, all-ranks wait lasts before failure-aware waiting.
+FAST_PATH_S = 0.05
+_FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
+
+
+@dataclass
+class Waited:
+    """The end of a wait: values by rank, failed ranks, ranks still running."""
+
+    results: List[Any]
+    failures: List[WorkerFailure] = field(default_factory=list)
+    pending: List[int] = field(default_factory=list)
+
+
+def wait_for_ranks(
+    refs: Sequence[ray.ObjectRef],
+    timeout: Optional[float],
+    workers: Sequence[WorkerInfo],
+    progress: Optional[tqdm] = None,
+) -> Waited:
+    """Wait for ``refs`` (indexed by rank) until all are done, one fails
+    (then a short grace period for the others' failures), or ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
+    waited = Waited(results=[None] * len(refs))
+    # Fast path: a short call is usually back on every rank within
+    # FAST_PATH_S; only then wait one at a time to spot failures early.
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
+    if len(ready) == len(refs):
+        _take(ready, pending, waited, workers)
+    while pending and not waited.failures:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
+            break  # timed out
+        # Take everything already finished in one go (cheap for warm calls).
+        _take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers)
+        if progress is not None:
+            progress.update(len(refs) - len(pending) - progress.n)
+    if waited.failures and pending:
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
+        _take(ready, pending, waited, workers)
+    waited.pending = sorted(pending.values())
+    return waited
+
+
+def _take(ready: List[ray.ObjectRef], pending: Dict[ray.ObjectRef, int], waited: Waited, workers: Sequence[WorkerInfo]) -> None:
+    """Move finished ranks from ``pending`` into the results or the failures."""
+    try:
+        values: List[Any] = ray.get(ready)  # one call for the common case
+    except Exception:
+        values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
+    for ref, value in zip(ready, values):
+        rank = pending.pop(ref)
+        worker = workers[rank] if rank < len(workers) else None
+        try:
+            value = ray.get(ref) if value is _FETCH_ONE else value
+        except RayActorError as error:
+            waited.failures.append(_failure(rank, worker, died=_death_text(error)))
+            continue
+        except Exception as error:  # noqa: BLE001 - a start-up step raised
+            waited.failures.append(_failure(rank, worker, traceback=str(error)))
+            continue
+        if isinstance(value, Outcome):
+            if not value.ok:
+                waited.failures.append(_failure(rank, worker, outcome=value))
+                continue
+            value = value.value
+        waited.results[rank] = value
+
+
+def _failure(
+    rank: int,
+    worker: Optional[WorkerInfo],
+    *,
+    died: Optional[str] = None,
+    traceback: Optional[str] = None,
+    outcome: Optional[Outcome] = None,
+) -> WorkerFailure:
+    return WorkerFailure(
+        rank=rank,
+        node_id=worker.node_id if worker else "?",
+        node_ip=worker.node_ip if worker else "?",
+        pid=worker.pid if worker else -1,
+        timestamp=outcome.timestamp if outcome and outcome.timestamp else time.time(),
+        traceback=outcome.traceback if outcome else traceback,
+        exit_code=outcome.exit_code if outcome else None,
+        died=died,
+        exception_type=outcome.exception_type if outcome else None,
+    )
+
+
+def _death_text(error: RayActorError) -> str:
+    text = str(error)
+    for line in text.splitlines():
+        line = line.strip()
+        if "exit" in line.lower() or "signal" in line.lower() or "killed" in line.lower():
+            return line
+    return text.strip().splitlines()[0] if text.strip() else "the worker process died"
