@@ -50,6 +50,7 @@ FLAG_OF_OPTION = {
     "startup_timeout": "--startup-timeout",
     "max_restarts": "--max-restarts",
     "address": "--address",
+    "pg_timeout": "--pg-timeout",
 }
 
 RUN_DESCRIPTION = """\
@@ -237,6 +238,11 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         f"{RunConfig.startup_timeout:g}); a request the cluster can never meet fails at once",
     )
     run.add_argument(
+        "--pg-timeout", type=_seconds, default=None, metavar="SECONDS",
+        help="how long a collective may wait before the process group fails it (torch's "
+        "init_process_group timeout); applies with --backend, where raydist initialises the group",
+    )
+    run.add_argument(
         "target", metavar="script",
         help="the training script's path (relative to the working directory), or the module "
         "name with -m",
@@ -334,6 +340,7 @@ def build_config(options: argparse.Namespace) -> RunConfig:
         "startup_timeout": options.startup_timeout,
         "max_restarts": options.max_restarts,
         "address": options.address,
+        "pg_timeout": options.pg_timeout,
     }
     if per_node is not None and per_node < 1:  # named per node, as typed
         raise CliError(f"--nproc-per-node must be >= 1, got {per_node}", EXIT_USAGE)

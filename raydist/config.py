@@ -158,6 +158,8 @@ class RunConfig:
     init_process_group: initialise torch.distributed before the function runs.
     object_store_threshold: objects at least this many bytes travel through
         Ray's object store in raydist's object collectives (None: never).
+    pg_timeout: seconds the process group waits in a collective before it
+        fails (torch's ``init_process_group(timeout=)``); None: torch's default.
     """
 
     num_workers: Optional[int] = None
@@ -173,6 +175,7 @@ class RunConfig:
     address: Optional[str] = None
     init_process_group: bool = True
     object_store_threshold: Optional[int] = DEFAULT_OBJECT_STORE_THRESHOLD
+    pg_timeout: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.num_workers is not None:
@@ -196,6 +199,8 @@ class RunConfig:
             raise ValueError(f"backend={self.backend!r} has no effect with init_process_group=False")
         if self.object_store_threshold is not None:
             _check_int("object_store_threshold", self.object_store_threshold, 0)
+        if self.pg_timeout is not None:
+            self._set("pg_timeout", check_seconds("pg_timeout", self.pg_timeout))
         self._check_address()
 
     def _set(self, name: str, value: Any) -> None:

@@ -270,3 +270,19 @@ def test_start_up_timeout_names_the_stage_and_who_is_still_starting() -> None:
         "rank 2 (node 0123456789ab, 10.0.0.2) still initialising"
     )
     assert isinstance(error, TimeoutError) and not isinstance(error, WorkerGroupTimeout)
+
+
+def barrier_on_rank_zero_only() -> None:
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never joins
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_pg_timeout_bounds_a_collective_a_peer_never_joins() -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(barrier_on_rank_zero_only, num_workers=2, pg_timeout=3)
+    assert time.monotonic() - start < 3 + 30  # not torch's 30 minutes
+    assert caught.value.failed_ranks == [0]
+    assert "Timed out waiting 3000ms" in str(caught.value)  # gloo used our timeout
+    assert_nothing_left()

@@ -196,7 +196,7 @@ class WorkerGroup:
         if not (self.config.init_process_group or self.config.horovod):
             return None
         backend = None if self.config.horovod else self.config.backend
-        return {"device": accelerator.device_type, "backend": backend, "horovod": self.config.horovod}
+        return {"device": accelerator.device_type, "backend": backend, "horovod": self.config.horovod, "timeout": self.config.pg_timeout}
 
     def _gather(self, refs: List[ray.ObjectRef], stage: str) -> List[Any]:
         """Wait for a start-up step on every worker, with progress if it is slow."""
