@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from raydist.config import RunConfig, check_call, make_config
-from raydist.core.initialize import import_horovod
 from raydist.pool.errors import WorkerGroupError
 from raydist.pool.group import WorkerGroup, pickle_call
 
@@ -35,8 +34,6 @@ def run(
     config = make_config(config, options)
     args, kwargs = check_call(fn, args, kwargs)
     pickle_call(fn, args, kwargs)  # fail on unpicklable input before any actor starts
-    if config.horovod:
-        import_horovod()
     attempts: List[WorkerGroupError] = []
     for attempt in range(config.max_restarts + 1):
         try:

@@ -1,5 +1,6 @@
-"""The core (devices, environment, initialize, collectives, compat) must import
-and work where Ray is not installed: torchrun/SLURM users depend on that.
+"""The core (devices, environment, initialize, collectives, compat, the backend
+interface) and the backends must import and work where Ray is not installed:
+torchrun/SLURM/horovodrun users depend on that.
 
 A subprocess hides Ray with a ``sys.meta_path`` finder (ModuleNotFoundError for
 ``ray`` and ``ray.*``, exactly what a missing install gives) before importing
@@ -47,8 +48,11 @@ CHILD = textwrap.dedent(
         report["ray_hidden"] = True
 
     import raydist
+    import raydist.backends.horovod
+    import raydist.backends.torch_distributed
     import raydist.config
     import raydist.core.accelerators
+    import raydist.core.backend
     import raydist.core.collectives
     import raydist.core.compat
     import raydist.core.devices

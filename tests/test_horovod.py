@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import torch
 from conftest import REPO, live_placement_groups, live_raydist_actors, start_cluster
 
 import raydist
+from raydist.backends.horovod import interface_for_ip
 from raydist.pool.horovod import HorovodRendezvous
 from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
 
@@ -32,6 +34,7 @@ def horovod_view() -> Dict[str, Any]:
         "sum": total.item(),
         "broadcast": raydist.broadcast_object({"root": info.rank} if info.rank == 1 else None, src=1),
         "all_gather": raydist.all_gather_object(info.rank * 2),
+        "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE"),
     }
 
 
@@ -49,6 +52,8 @@ def test_horovod_ranks_allreduce_and_object_collectives(num_workers: int) -> Non
         assert result["sum"] == num_workers * (num_workers + 1) / 2
         assert result["broadcast"] == {"root": 1}
         assert result["all_gather"] == [r * 2 for r in range(num_workers)]
+        # gloo is bound to the interface of the worker's node IP (one node here: the driver's).
+        assert result["gloo_iface"] == interface_for_ip(ray.util.get_node_ip_address())
 
 
 def collectives_use_horovod() -> bool:

@@ -309,10 +309,7 @@ def test_horovod_record_and_collectives(fake_horovod: FakeHorovod) -> None:
     assert raydist.broadcast_object("mine", src=0) == {"from": 0}
     assert raydist.broadcast_object("mine", src=1) == "mine"
     assert raydist.all_gather_object("me") == ["peer0", "me", "peer2", "peer3"]
-    assert raydist.gather_object("me", dst=0) is None
-    assert raydist.gather_object("me", dst=1) == ["peer0", "me", "peer2", "peer3"]
-    fake_horovod.broadcast_result = ["s0", "s1", "s2", "s3"]
-    assert raydist.scatter_object(None, src=0) == "s1"
+    # gather and scatter run on horovod's alltoall: tests/test_backends.py runs them on real horovod.
     raydist.barrier()
     with pytest.raises(ValueError, match="src=4 is outside the world of size 4"):
         raydist.broadcast_object("x", src=4)

@@ -2,8 +2,9 @@
 
 ``init_distributed()`` is what each worker runs before the user's code, whether
 it was started by torchrun, SLURM, horovodrun or raydist's Ray actor pool.
-It returns an immutable ``DistInfo`` record that the object collectives and
-``get_context()`` read.
+It chooses the process's backend once (horovod, or torch.distributed under a
+launcher, or none for a single process) and returns an immutable ``DistInfo``
+record that the object collectives and ``get_context()`` read.
 """
 
 from __future__ import annotations
@@ -13,30 +14,20 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from raydist.core.devices import (
-    accelerator_type,
-    default_backend,
-    device_type_of,
-    is_device_available,
-    set_device,
-)
-from raydist.core.environment import WorldInfo, is_using_distributed, read_world_info
+from raydist.backends.horovod import HorovodBackend
+from raydist.backends.torch_distributed import TorchDistributedBackend
+from raydist.core.backend import Backend
+from raydist.core.devices import accelerator_type, device_type_of, is_device_available, set_device
+from raydist.core.environment import WorldInfo, is_using_distributed
 
 # raydist sets this on each worker that holds a device: the position of its
 # first device in the node's visible-devices list (see raydist.pool.layout).
 DEVICE_INDEX_VAR = "RAYDIST_DEVICE_INDEX"
-
-HOROVOD_INSTALL_HINT = (
-    "horovod is not installed: install it with scripts/install-horovod.sh "
-    "(horovod 0.28.1 needs a C++17 patch to build against current torch), "
-    "or `pip install 'raydist[horovod]'` where a compatible wheel exists"
-)
 
 
 @dataclass(frozen=True)
@@ -67,15 +58,7 @@ class DistInfo:
 
 _lock = threading.Lock()
 _context: Optional[DistInfo] = None
-
-
-def import_horovod() -> ModuleType:
-    """``horovod.torch``, or an ImportError that says how to install it."""
-    try:
-        import horovod.torch as hvd
-    except ImportError as error:
-        raise ImportError(HOROVOD_INSTALL_HINT) from error
-    return hvd
+_backend: Optional[Backend] = None  # set together with _context; None for a single process
 
 
 def _resolve_device(device: Optional[str]) -> str:
@@ -89,21 +72,15 @@ def _resolve_device(device: Optional[str]) -> str:
     return device
 
 
-def _init_torch_distributed(
-    backend: str, dist_url: Optional[str], timeout: Optional[datetime.timedelta]
-) -> None:
-    kwargs: dict = {"backend": backend, "init_method": dist_url or "env://"}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    if "SLURM_PROCID" in os.environ:
-        # SLURM sets no torch variables: pass rank/size explicitly, and export
-        # them so later code (and torch helpers) see the torchrun names.
-        world = read_world_info()
-        os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
-        os.environ.setdefault("RANK", str(world.rank))
-        os.environ.setdefault("WORLD_SIZE", str(world.world_size))
-        kwargs.update(rank=world.rank, world_size=world.world_size)
-    dist.init_process_group(**kwargs)
+def _choose_backend(
+    horovod: bool, backend: Optional[str], dist_url: Optional[str], timeout: Optional[datetime.timedelta]
+) -> Optional[Backend]:
+    """The backend this process joins its job through; None outside any job."""
+    if horovod:
+        return HorovodBackend()
+    if is_using_distributed():
+        return TorchDistributedBackend(backend, dist_url, timeout)
+    return None
 
 
 def _device_index(device: str, local_rank: int, distributed: bool) -> Optional[int]:
@@ -141,7 +118,7 @@ def init_distributed(
     raydist the worker's first device, else the local rank as under torchrun)
     unless ``no_set_device_rank``. Calling it again returns the existing record.
     """
-    global _context
+    global _context, _backend
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
     with _lock:
@@ -150,36 +127,9 @@ def init_distributed(
         requested = device or accelerator_type()
         device = _resolve_device(device)
         device_type = device_type_of(device)
-        world = read_world_info()
-        distributed = False
-        if horovod:
-            hvd = import_horovod()
-            hvd.init()
-            world = WorldInfo(
-                rank=hvd.rank(),
-                local_rank=hvd.local_rank(),
-                world_size=hvd.size(),
-                local_world_size=hvd.local_size(),
-                node_rank=hvd.cross_rank(),
-            )
-            backend, distributed = "horovod", True
-        elif is_using_distributed():
-            backend = backend or default_backend(device_type)
-            if not dist.is_initialized():  # a script may have initialised it itself
-                _init_torch_distributed(backend, dist_url, timeout)
-            backend = str(dist.get_backend())
-            # The process group is the truth; the environment may be stale.
-            world = WorldInfo(
-                rank=dist.get_rank(),
-                local_rank=world.local_rank,
-                world_size=dist.get_world_size(),
-                local_world_size=world.local_world_size,
-                node_rank=world.node_rank,
-            )
-            distributed = True
-        else:
-            world = WorldInfo()
-            backend = None
+        chosen = _choose_backend(horovod, backend, dist_url, timeout)
+        world = chosen.init(device_type) if chosen is not None else WorldInfo()
+        distributed = chosen is not None
 
         # Computed from the kind asked for, so that it is right even where
         # torch fell back to CPU (fake devices in tests).
@@ -197,11 +147,12 @@ def init_distributed(
             local_world_size=world.local_world_size,
             node_rank=world.node_rank,
             device=device,
-            backend=backend,
+            backend=chosen.name if chosen is not None else None,
             distributed=distributed,
             horovod=horovod,
             device_index=device_index,
         )
+        _backend = chosen
         return _context
 
 
@@ -219,12 +170,18 @@ def get_context() -> DistInfo:
     return DistInfo()
 
 
+def active_backend() -> Optional[Backend]:
+    """The backend ``init_distributed()`` chose; None before it, after
+    ``shutdown()``, and for a single process."""
+    return _backend
+
+
 def shutdown() -> None:
     """Tear down what ``init_distributed()`` set up; harmless when nothing was."""
-    global _context
+    global _context, _backend
     with _lock:
-        context, _context = _context, None
-        if context is not None and context.horovod:
-            import_horovod().shutdown()
+        backend, _context, _backend = _backend, None, None
+        if backend is not None:
+            backend.shutdown()
         elif dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            dist.destroy_process_group()  # one the code made itself, never registered here

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from raydist.config import RunConfig, check_seconds, check_call, make_config
 from raydist.core.accelerators import Accelerator
-from raydist.core.initialize import DistInfo, import_horovod
+from raydist.core.initialize import DistInfo
+from raydist.pool.backend_hooks import GroupHooks, group_hooks
 from raydist.pool.connect import connect, connected_session
 from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.layout import Placement, WorkerInfo, assign_ranks, worker_env
@@ -108,15 +109,13 @@ class WorkerGroup:
         if num_workers is not None:
             options["num_workers"] = num_workers
         self.config: RunConfig = make_config(config, options)
-        if self.config.horovod:
-            import_horovod()  # fail before any actor starts when it is missing
+        self._hooks: GroupHooks = group_hooks(self.config)  # a missing backend library fails here, before Ray
         self._restart_count = restart_count
         self._lock = threading.RLock()  # orders submissions; guards teardown
         self._actors: List[Any] = []
         self._workers: List[WorkerInfo] = []
         self._contexts: List[Optional[DistInfo]] = []
         self._pg: Optional[PlacementGroup] = None
-        self._rendezvous: Any = None
         self._closed = False
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
@@ -166,16 +165,11 @@ class WorkerGroup:
 
     def _worker_envs(self, accelerator: Accelerator, bundle: Mapping[str, float], master_port: int) -> List[Dict[str, str]]:
         """Each rank's launcher environment: torchrun's variables, the node's
-        visible devices and this worker's device index, horovod's variables,
-        then the user's ``env``."""
+        visible devices and this worker's device index, the backend's
+        variables (its driver side starts here), then the user's ``env``."""
         master = self._workers[0]
         run_id = uuid.uuid4().hex
-        extra: List[Dict[str, str]] = [{} for _ in self._workers]
-        if self.config.horovod:
-            from raydist.pool.horovod import HorovodRendezvous
-
-            self._rendezvous = HorovodRendezvous(self._workers)
-            extra = self._rendezvous.worker_envs()
+        extra = self._hooks.start(self._workers)
         return [
             worker_env(
                 worker,
@@ -186,17 +180,17 @@ class WorkerGroup:
                 config=self.config,
                 accelerator=accelerator,
                 cpus=bundle.get("CPU", 1),
-                extra=horovod_env,
+                extra=backend_env,
             )
-            for worker, horovod_env in zip(self._workers, extra)
+            for worker, backend_env in zip(self._workers, extra)
         ]
 
     def _init_kwargs(self, accelerator: Accelerator) -> Optional[Dict[str, Any]]:
         """What each worker passes to init_distributed (None: the code initialises itself)."""
-        if not (self.config.init_process_group or self.config.horovod):
+        backend_kwargs = self._hooks.init_kwargs()
+        if backend_kwargs is None:
             return None
-        backend = None if self.config.horovod else self.config.backend
-        return {"device": accelerator.device_type, "backend": backend, "horovod": self.config.horovod, "timeout": self.config.pg_timeout}
+        return {"device": accelerator.device_type, "timeout": self.config.pg_timeout, **backend_kwargs}
 
     def _gather(self, refs: List[ray.ObjectRef], stage: str) -> List[Any]:
         """Wait for a start-up step on every worker, with progress if it is slow."""
@@ -297,11 +291,9 @@ class WorkerGroup:
             self._closed = True
             actors, self._actors = self._actors, []
             pg, self._pg = self._pg, None
-            rendezvous, self._rendezvous = self._rendezvous, None
         if connected_session() == self._session:
             _stop_actors(actors, pg, graceful)
-        if rendezvous is not None:
-            rendezvous.stop()
+        self._hooks.stop()
 
     def __enter__(self) -> "WorkerGroup":
         return self

@@ -1,6 +1,7 @@
-"""Horovod on the worker group: horovod's own Gloo rendezvous server, run by
-the driver and listening on its node IP only, with a host plan built from the
-group's node layout and a request handler that survives repeated hvd.init().
+"""Horovod on the worker group, the driver's side: horovod's own Gloo
+rendezvous server, run by the driver and listening on its node IP only, with a
+host plan built from the group's node layout and a request handler that
+survives repeated hvd.init(). The workers' side is raydist.backends.horovod.
 
 Horovod scopes its gloo rendezvous by hostname (``local_<HOROVOD_HOSTNAME>``):
 each worker's HOROVOD_HOSTNAME is its Ray node id, exactly as in the plan, so
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
 
-import psutil
 import ray
 
+from raydist.backends.horovod import NODE_IP_VAR, import_horovod
 from raydist.pool.layout import WorkerInfo
 
 if TYPE_CHECKING:  # horovod is imported only when a horovod group starts
@@ -133,9 +134,26 @@ class HorovodRendezvous:
         self._server._httpd.server_close()
 
 
-def interface_for_ip(ip: str) -> Optional[str]:
-    """The network interface that holds ``ip`` (horovod's gloo binds to an interface)."""
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(address.address == ip for address in addresses):
-            return name
-    return None
+class HorovodHooks:
+    """The worker group's hooks for horovod (see raydist.pool.backend_hooks):
+    one rendezvous server per start, stopped with the group."""
+
+    def __init__(self) -> None:
+        import_horovod()  # fail before any actor starts when it is missing
+        self._rendezvous: Optional[HorovodRendezvous] = None
+
+    def init_kwargs(self) -> Optional[Dict[str, Any]]:
+        # Always: init_process_group is about torch.distributed, and a horovod
+        # group has no other backend to leave to the code.
+        return {"horovod": True}
+
+    def start(self, workers: Sequence[WorkerInfo]) -> List[Dict[str, str]]:
+        self._rendezvous = HorovodRendezvous(workers)
+        return [
+            {**env, NODE_IP_VAR: worker.node_ip} for env, worker in zip(self._rendezvous.worker_envs(), workers)
+        ]
+
+    def stop(self) -> None:
+        rendezvous, self._rendezvous = self._rendezvous, None
+        if rendezvous is not None:
+            rendezvous.stop()

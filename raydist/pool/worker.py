@@ -89,12 +89,6 @@ class RayWorker:
             collectives.set_large_object_transport(RayObjectStoreTransport(object_store_threshold))
         if init_kwargs is None:
             return None
-        if init_kwargs.get("horovod") and "HOROVOD_GLOO_IFACE" not in os.environ:
-            from raydist.pool.horovod import interface_for_ip
-
-            interface = interface_for_ip(worker.node_ip)
-            if interface:
-                os.environ["HOROVOD_GLOO_IFACE"] = interface
         return init_distributed(**init_kwargs)
 
     def execute(self, call: bytes) -> Outcome:
