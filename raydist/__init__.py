@@ -1,30 +1,38 @@
 """raydist: run distributed PyTorch on a Ray actor pool.
 
 The core (devices, launcher environment, initialization, object collectives)
-imports without Ray, so torchrun/SLURM/horovodrun users can use it alone; the
-Ray parts (``run``, ``WorkerGroup``, errors) load on first use.
+imports without Ray, so torchrun/SLURM/horovodrun users can use it alone.
+Every public name loads on first use: ``import raydist`` imports neither
+torch nor Ray (a worker reading crash evidence, or ``raydist run --help``,
+needs neither), and Ray's absence shows only when a Ray name is used.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from raydist.core import compat
-from raydist.core.collectives import (
-    all_gather_object,
-    barrier,
-    broadcast_object,
-    gather_object,
-    scatter_object,
-)
-from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
-from raydist.config import RunConfig
-from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
 
 __version__ = "0.1.0"
 
-# Public names that need Ray, resolved lazily by __getattr__.
-_RAY_EXPORTS = {
+# Public name -> the module that defines it.
+_EXPORTS = {
+    # The core: torch only.
+    "all_gather_object": "raydist.core.collectives",
+    "barrier": "raydist.core.collectives",
+    "broadcast_object": "raydist.core.collectives",
+    "gather_object": "raydist.core.collectives",
+    "scatter_object": "raydist.core.collectives",
+    "is_using_distributed": "raydist.core.environment",
+    "is_using_horovod": "raydist.core.environment",
+    "read_world_info": "raydist.core.environment",
+    "torchrun_env": "raydist.core.environment",
+    "DistInfo": "raydist.core.initialize",
+    "get_context": "raydist.core.initialize",
+    "init_distributed": "raydist.core.initialize",
+    "shutdown": "raydist.core.initialize",
+    "RunConfig": "raydist.config",
+    "preemption_requested": "raydist.core.preemption",
+    # The pool: Ray.
     "run": "raydist.api",
     "WorkerGroup": "raydist.pool.group",
     "WorkerFuture": "raydist.pool.group",
@@ -34,12 +42,21 @@ _RAY_EXPORTS = {
     "WorkerGroupTimeout": "raydist.pool.errors",
     "InfeasibleResourcesError": "raydist.pool.errors",
     "WorkerStartupTimeout": "raydist.pool.errors",
+    "WorkerCallCancelled": "raydist.pool.errors",
 }
+_SUBMODULES = {"compat": "raydist.core.compat"}  # `from raydist import compat`, open_clip's helpers
 
 if TYPE_CHECKING:
     from raydist.api import run
+    from raydist.config import RunConfig
+    from raydist.core import compat
+    from raydist.core.collectives import all_gather_object, barrier, broadcast_object, gather_object, scatter_object
+    from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
+    from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
+    from raydist.core.preemption import preemption_requested
     from raydist.pool.errors import (
         InfeasibleResourcesError,
+        WorkerCallCancelled,
         WorkerFailure,
         WorkerGroupError,
         WorkerGroupTimeout,
@@ -49,29 +66,18 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _RAY_EXPORTS.get(name)
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
+    module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'raydist' has no attribute {name!r}")
-    import importlib
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-    return getattr(importlib.import_module(module_name), name)
+
+def __dir__() -> list:
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])
 
 
-__all__ = [
-    "DistInfo",
-    "RunConfig",
-    "all_gather_object",
-    "barrier",
-    "compat",
-    "broadcast_object",
-    "gather_object",
-    "get_context",
-    "init_distributed",
-    "is_using_distributed",
-    "is_using_horovod",
-    "read_world_info",
-    "scatter_object",
-    "shutdown",
-    "torchrun_env",
-    *_RAY_EXPORTS,
-]
+__all__ = [*_EXPORTS, *_SUBMODULES]

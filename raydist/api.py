@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+import logging
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from raydist.config import RunConfig, check_call, make_config
-from raydist.pool.errors import WorkerGroupError
+from raydist.pool.elastic import RestartReason, restart_line
+from raydist.pool.errors import WorkerGroupError, WorkerGroupRestart
 from raydist.pool.group import WorkerGroup, pickle_call
+from raydist.pool.placement import wait_until_released
+from raydist.pool.logs import RunLogs
+
+logger = logging.getLogger("raydist")
 
 
 def run(
@@ -27,23 +33,57 @@ def run(
     inside ``fn`` returns the rank record. Every option and the call itself
     are checked before Ray is touched.
 
-    Raises WorkerGroupError (rank, node, pid and traceback of each failure),
-    WorkerGroupTimeout, WorkerStartupTimeout, InfeasibleResourcesError or
-    ConnectionError; nothing is left running.
+    Restarts (each logged in one line): after a worker dies, up to
+    ``max_restarts`` (after any failure with ``retry_on_exception``); after a
+    preemption (a rank's node drained) and, with ``restart_to_grow``, to use
+    new capacity, without counting. An elastic group (``num_workers=(min,
+    max)``) restarts with the workers that fit then.
+
+    Raises WorkerGroupError (rank, node, pid and traceback of each failure;
+    earlier attempts listed), WorkerGroupTimeout, WorkerStartupTimeout,
+    InfeasibleResourcesError or ConnectionError; nothing is left running.
     """
     config = make_config(config, options)
     args, kwargs = check_call(fn, args, kwargs)
     pickle_call(fn, args, kwargs)  # fail on unpicklable input before any actor starts
-    attempts: List[WorkerGroupError] = []
-    for attempt in range(config.max_restarts + 1):
+    logs = RunLogs(config)  # one run id and log directory for every attempt, as torchrun has
+    attempts: List[BaseException] = []  # earlier attempts' errors
+    node_order: List[str] = []  # the last attempt's nodes: survivors keep their ranks' order
+    counted = size = 0
+    held: Dict[str, Dict[str, float]] = {}  # what the last attempt's workers held, per node
+    while True:
+        if held and config.elastic:
+            wait_until_released(held)  # so that the new size counts them
         try:
-            with WorkerGroup(config=config, restart_count=attempt) as group:
-                return group.run(fn, args, kwargs)
-        except WorkerGroupError as error:
-            retryable = error.crashed or config.retry_on_exception
-            if not retryable or attempt == config.max_restarts:
+            with WorkerGroup(config=config, restart_count=len(attempts), logs=logs, node_order=node_order) as group:
                 if attempts:
-                    raise WorkerGroupError(error.failures, attempts=attempts) from error
+                    logger.warning("raydist: attempt %d started with world size %d (was %d)", len(attempts), group.num_workers, size)
+                node_order, size, held = group.node_order, group.num_workers, group.held_resources
+                return group.run(fn, args, kwargs)
+        except WorkerGroupRestart as restart:
+            error: BaseException = restart
+            reason: Optional[RestartReason] = RestartReason("scale-up", restart.reason, counted=False)
+        except WorkerGroupError as failed:
+            error, reason = failed, restart_reason(failed, config.retry_on_exception)
+            if reason is None or (reason.counted and counted >= config.max_restarts):
+                if attempts:
+                    raise WorkerGroupError(failed.failures, attempts=attempts, preempted_nodes=failed.preempted_nodes) from failed
                 raise
-            attempts.append(error)
-    raise AssertionError("unreachable")
+        counted += reason.counted
+        attempts.append(error)
+        logger.warning(restart_line(reason, size, len(attempts), config.max_restarts, counted))
+
+
+def restart_reason(error: WorkerGroupError, retry_on_exception: bool) -> Optional[RestartReason]:
+    """Why a failed group may run again, or None when it may not."""
+    root = error.root_cause
+    if error.preempted_nodes:
+        nodes = ", ".join(node[:12] for node in error.preempted_nodes)
+        return RestartReason("preemption", f"node(s) {nodes} drained by Ray", counted=False)
+    if error.crashed:
+        kind = "node lost" if "node died" in (root.died or "") else "failure"
+        return RestartReason(kind, f"rank {root.rank} on node {root.node_id[:12]}: {root.died}", counted=True)
+    if retry_on_exception:
+        last = root.describe().strip().splitlines()[-1] if root.describe().strip() else "failed"
+        return RestartReason("failure", f"rank {root.rank}: {last}", counted=True)
+    return None

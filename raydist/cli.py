@@ -23,10 +23,8 @@ import json
 import os
 import re
 import sys
-import threading
-import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from raydist import __version__
 from raydist.config import PLACEMENT_STRATEGIES, RunConfig
@@ -35,8 +33,6 @@ from raydist.core.accelerators import ACCELERATOR_CHOICES
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-# How long the driver waits for the workers' last output lines to arrive.
-OUTPUT_DRAIN_TIMEOUT_S = 5.0
 
 # The flag behind each RunConfig option, so that a rejected value is named as typed.
 FLAG_OF_OPTION = {
@@ -51,6 +47,12 @@ FLAG_OF_OPTION = {
     "max_restarts": "--max-restarts",
     "address": "--address",
     "pg_timeout": "--pg-timeout",
+    "restart_to_grow": "--restart-to-grow",
+    "preemption_signal": "--preemption-signal",
+    "log_dir": "--log-dir",
+    "redirects": "--redirects",
+    "tee": "--tee",
+    "local_ranks_filter": "--local-ranks-filter",
 }
 
 RUN_DESCRIPTION = """\
@@ -103,12 +105,10 @@ def _nproc(value: str) -> Tuple[Optional[int], Optional[str]]:
     return _int(value), None
 
 
-def _nnodes(value: str) -> int:
-    if ":" in value:
-        raise argparse.ArgumentTypeError(
-            f"elastic node ranges ({value!r}) are not supported: give a fixed number of nodes"
-        )
-    return _int(value)
+def _nnodes(value: str) -> Tuple[int, int]:
+    """torchrun's ``N`` or ``MIN:MAX`` (an elastic number of nodes)."""
+    low, sep, high = value.partition(":")
+    return (_int(low), _int(high)) if sep else (_int(value), _int(value))
 
 
 def _resources(value: str) -> Dict[str, Any]:
@@ -164,12 +164,14 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "per device of the kind the cluster has (one per CPU slot when it has none)",
     )
     run.add_argument(
-        "--nnodes", type=_nnodes, default=1, metavar="N",
+        "--nnodes", type=_nnodes, default=(1, 1), metavar="N|MIN:MAX",
         help="number of nodes: starts N x nproc-per-node workers and places them with the SPREAD "
         "strategy (unless --placement-strategy says otherwise), which spreads them over the "
         "cluster's nodes as evenly as Ray can; Ray does not guarantee exactly nproc-per-node "
         "on each of N nodes, and ranks are assigned from where the workers land "
-        "(LOCAL_RANK, GROUP_RANK and LOCAL_WORLD_SIZE tell the truth)",
+        "(LOCAL_RANK, GROUP_RANK and LOCAL_WORLD_SIZE tell the truth). MIN:MAX, as torchrun "
+        "takes it, makes the run elastic: between MIN and MAX x nproc-per-node workers, as many "
+        "as fit, and after a node is lost or preempted the run restarts with the workers that fit",
     )
     run.add_argument(
         "-m", "--module", action="store_true",
@@ -238,10 +240,23 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         f"{RunConfig.startup_timeout:g}); a request the cluster can never meet fails at once",
     )
     run.add_argument(
+        "--restart-to-grow", action="store_true", default=None,
+        help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
+        "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
+        "on a membership change (not counted against --max-restarts)",
+    )
+    run.add_argument(
+        "--preemption-signal", default=None, metavar="SIGNAL",
+        help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
+        f"`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
+        f"'none' for no signal (default: {RunConfig.preemption_signal})",
+    )
+    run.add_argument(
         "--pg-timeout", type=_seconds, default=None, metavar="SECONDS",
         help="how long a collective may wait before the process group fails it (torch's "
         "init_process_group timeout); applies with --backend, where raydist initialises the group",
     )
+    _add_log_arguments(run)
     run.add_argument(
         "target", metavar="script",
         help="the training script's path (relative to the working directory), or the module "
@@ -252,6 +267,33 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="arguments for the script, passed through untouched",
     )
     return parser, run
+
+
+def _add_log_arguments(run: argparse.ArgumentParser) -> None:
+    """torchrun's per-rank log flags, with its value syntax (checked by RunConfig)."""
+    run.add_argument(
+        "--log-dir", "--log_dir", dest="log_dir", default=None, metavar="DIR",
+        help="directory for per-rank log files, laid out as torchrun does: "
+        "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
+        "restart. Written on this machine (the driver's), for every rank on every node",
+    )
+    run.add_argument(
+        "-r", "--redirects", default=None, metavar="CODES",
+        help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
+        "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
+        "the files go to a new temporary directory (default 0)",
+    )
+    run.add_argument(
+        "-t", "--tee", default=None, metavar="CODES",
+        help="send streams to the log files and the console (codes as for --redirects; default 0)",
+    )
+    run.add_argument(
+        "--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter", default=None,
+        metavar="RANKS",
+        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
+        "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${rank}]:', with "
+        "${rank}, ${local_rank}, ${role_name}) replaces the '(rank=N pid=P)' prefix of console lines",
+    )
 
 
 def split_script_args(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -311,7 +353,7 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         target_as_typed=options.target,
         module=options.module,
         script_args=tuple(script_args),
-        nnodes=options.nnodes,
+        nnodes=options.nnodes[0],
         standalone=options.standalone,
         config=build_config(options),
     )
@@ -325,28 +367,38 @@ def build_config(options: argparse.Namespace) -> RunConfig:
         if accelerator not in (None, "auto", kind):
             raise CliError(f"--nproc-per-node {kind} contradicts --accelerator {accelerator}", EXIT_USAGE)
         accelerator = kind
-    if options.nnodes < 1:
-        raise CliError(f"--nnodes must be >= 1, got {options.nnodes}", EXIT_USAGE)
-    if options.nnodes > 1 and per_node is None:
+    min_nodes, max_nodes = options.nnodes
+    if min_nodes < 1 or max_nodes < min_nodes:
+        raise CliError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {min_nodes}:{max_nodes}", EXIT_USAGE)
+    if max_nodes > 1 and per_node is None:
         raise CliError(f"--nproc-per-node {kind} counts the whole cluster; give a number with --nnodes", EXIT_USAGE)
+    sizes = None if per_node is None else (per_node * min_nodes, per_node * max_nodes)
     given = {
-        "num_workers": None if per_node is None else per_node * options.nnodes,
+        "num_workers": sizes if sizes is None or sizes[0] != sizes[1] else sizes[0],
         "accelerator": accelerator,
         "resources_per_worker": options.resources_per_worker,
         "backend": options.backend,
         "env": dict(options.env) if options.env else None,
-        "placement_strategy": options.placement_strategy or ("SPREAD" if options.nnodes > 1 else None),
+        "placement_strategy": options.placement_strategy or ("SPREAD" if max_nodes > 1 else None),
         "timeout": options.timeout,
         "startup_timeout": options.startup_timeout,
         "max_restarts": options.max_restarts,
         "address": options.address,
         "pg_timeout": options.pg_timeout,
+        "restart_to_grow": options.restart_to_grow,
+        "log_dir": options.log_dir,
+        "redirects": options.redirects,
+        "tee": options.tee,
+        "local_ranks_filter": options.local_ranks_filter,
     }
     if per_node is not None and per_node < 1:  # named per node, as typed
         raise CliError(f"--nproc-per-node must be >= 1, got {per_node}", EXIT_USAGE)
+    given = {name: value for name, value in given.items() if value is not None}
+    if options.preemption_signal is not None:  # "none" is a value here, not "not given"
+        given["preemption_signal"] = None if options.preemption_signal.lower() == "none" else options.preemption_signal
     try:
         return RunConfig(
-            **{name: value for name, value in given.items() if value is not None},
+            **given,
             init_process_group=options.backend is not None,
             retry_on_exception=True,  # torchrun restarts after any failure
         )
@@ -402,54 +454,6 @@ def _warn_if_too_few_nodes(nnodes: int) -> None:
         )
 
 
-class OutputDrain:
-    """Lets the driver wait until the workers' last output lines have arrived.
-
-    Ray forwards worker output asynchronously, so a driver that exits as soon
-    as the run ends can lose the tail (a script's final "loss: ..." line).
-    Each rank ends with a marker line on stdout and stderr; this filter on
-    Ray's printer hides the markers and records them, and ``wait`` returns
-    once the expected ones are in (or after ``timeout``).
-    """
-
-    def __init__(self, timeout: float = OUTPUT_DRAIN_TIMEOUT_S):
-        self.token = f"raydist-output-end-{uuid.uuid4().hex}"
-        self._timeout = timeout
-        self._seen: Set[Tuple[int, int, bool]] = set()  # (attempt, rank, is_err)
-        self._changed = threading.Condition()
-
-    def install(self) -> bool:
-        """Wrap Ray's worker-output printer; False where this Ray has none to wrap."""
-        from raydist.pool.ray_private import wrap_worker_output_printer
-
-        return wrap_worker_output_printer(self._filter)
-
-    def _filter(self, print_lines: Callable[[Dict[str, Any]], None]) -> Callable[[Dict[str, Any]], None]:
-        def handle(data: Dict[str, Any]) -> None:
-            lines = data.get("lines") or []
-            kept = [line for line in lines if self.token not in line]
-            if len(kept) != len(lines):
-                with self._changed:
-                    for line in lines:
-                        if self.token in line:
-                            try:
-                                attempt, rank = line.split(self.token, 1)[1].split()[:2]
-                                self._seen.add((int(attempt), int(rank), bool(data.get("is_err"))))
-                            except ValueError:
-                                pass  # mangled in transit: wait() times out instead
-                    self._changed.notify_all()
-                data = dict(data, lines=kept)
-            if kept:
-                print_lines(data)
-
-        return handle
-
-    def wait(self, attempt: int, ranks: Sequence[int]) -> None:
-        expected = {(attempt, rank, is_err) for rank in ranks for is_err in (False, True)}
-        with self._changed:
-            self._changed.wait_for(lambda: expected <= self._seen, timeout=self._timeout)
-
-
 def failure_status(failures: Sequence[Any]) -> int:
     """The status python would exit with when every failing rank called
     ``sys.exit(n)`` (n modulo 256: -1 gives 255); else 1 (a rank raised or died)."""
@@ -471,27 +475,15 @@ def execute(plan: RunPlan) -> int:
     from raydist.pool.script import run_script
 
     name = plan.target_as_typed
-    drain = OutputDrain()
-    end_marker: Optional[str] = None
     connected_here = False
     try:
         connected_here = connect(plan.config.address, startup_timeout=plan.config.startup_timeout, standalone=plan.standalone)
-        end_marker = drain.token if drain.install() else None
         if plan.nnodes > 1:
             _warn_if_too_few_nodes(plan.nnodes)
-        attempt_of_rank = run(
-            run_script,
-            args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed, end_marker),
-            config=plan.config,
-        )
-        if end_marker is not None:
-            drain.wait(attempt_of_rank[0], range(len(attempt_of_rank)))
+        # The group returns (or raises) once the ranks' output has reached this process.
+        run(run_script, args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed), config=plan.config)
         return 0
     except WorkerGroupError as error:
-        # Ranks that raised or exited wrote their end marker; killed ones could not.
-        finished = [failure.rank for failure in error.failures if not failure.crashed]
-        if end_marker is not None and finished:
-            drain.wait(len(error.attempts), finished)
         print(f"raydist run: {name} failed: {error}", file=sys.stderr, flush=True)
         return failure_status(error.failures)
     except WorkerGroupTimeout as error:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import re
+import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from raydist.core.accelerators import (
     ACCELERATOR_CHOICES,
@@ -33,10 +35,10 @@ RESERVED_ENV_VARS = frozenset(
     {
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "RAYDIST_DEVICE_INDEX", *VISIBLE_DEVICES_VARS,
+        "RAYDIST_DEVICE_INDEX", "RAYDIST_OUTPUT_MARKER", *VISIBLE_DEVICES_VARS,
     }
 )
-RESERVED_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "HOROVOD_GLOO_RENDEZVOUS_")
+RESERVED_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "HOROVOD_GLOO_RENDEZVOUS_", "RAYDIST_")
 
 # Ray's built-in resources, spelled as Ray spells them ("gpu" is a typo, not a custom resource).
 _RAY_RESOURCES = ("CPU", "memory", "object_store_memory", *DEVICE_RESOURCES)
@@ -44,6 +46,14 @@ _RAY_RESOURCES = ("CPU", "memory", "object_store_memory", *DEVICE_RESOURCES)
 _PLACEMENT_GROUP_RESOURCE = re.compile(r"^bundle$|^bundle_group_|_group_(\d+_)?[0-9a-f]{16,}$")
 # Ray counts resources in units of 1/10000.
 _RESOURCE_PRECISION = 1e-4
+
+# torchrun's stream codes for -r/--redirects and -t/--tee: a bit per stream.
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+# One code for every local rank, or a code per local rank ({local_rank: code}).
+StdSpec = Union[int, Dict[int, int]]
+_STD_CODES = "0 none, 1 stdout, 2 stderr, 3 both"
+_STD_ONE = re.compile(r"^[0-3]$")
+_STD_PER_RANK = re.compile(r"^\d+:[0-3](,\d+:[0-3])*$")
 
 
 def _type_name(value: Any) -> str:
@@ -115,6 +125,13 @@ def check_resources(resources: Any) -> Dict[str, float]:
     return checked
 
 
+def _check_signal(name: Any) -> str:
+    """A signal name such as "SIGTERM" or "SIGUSR1", as the signal module spells it."""
+    if not isinstance(name, str) or not isinstance(getattr(signal, name.upper(), None), signal.Signals):
+        raise ValueError(f"preemption_signal must be a signal name such as 'SIGTERM' or 'SIGUSR1', got {name!r}")
+    return name.upper()
+
+
 def check_env(env: Any) -> Dict[str, str]:
     """Extra worker variables: strings only, none of the launcher variables raydist sets."""
     if not isinstance(env, Mapping):
@@ -132,12 +149,79 @@ def check_env(env: Any) -> Dict[str, str]:
     return dict(env)
 
 
+def _std_code(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where} must be a stream code ({_STD_CODES}), not {_type_name(value)} {value!r}")
+    if not STD_NONE <= value <= STD_ALL:
+        raise ValueError(f"{where} must be a stream code ({_STD_CODES}), got {value}")
+    return value
+
+
+def parse_std(name: str, value: Any) -> StdSpec:
+    """torchrun's value for -r/--redirects and -t/--tee: one stream code for
+    every local rank (``3``, ``"3"``) or codes per local rank
+    (``{0: 1, 1: 2}``, ``"0:1,1:2"``; local ranks not named get 0)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if _STD_ONE.match(text):
+            return int(text)
+        if not _STD_PER_RANK.match(text):
+            raise ValueError(
+                f"{name} {value!r} is neither a stream code ({_STD_CODES}) nor "
+                "LOCAL_RANK:CODE pairs such as '0:1,1:2'"
+            )
+        value = {int(rank): int(code) for rank, code in (pair.split(":") for pair in text.split(","))}
+    if isinstance(value, Mapping):
+        codes: Dict[int, int] = {}
+        for rank, code in value.items():
+            _check_int(f"{name} key", rank, 0)
+            codes[rank] = _std_code(f"{name}[{rank}]", code)
+        return codes
+    return _std_code(name, value)
+
+
+def parse_local_ranks(name: str, value: Any) -> Optional[Tuple[int, ...]]:
+    """torchrun's --local-ranks-filter: ``"0,1"``, an int or a collection of
+    ints; sorted, each once. Empty means no filter, as under torchrun."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            items = [int(part) for part in value.split(",")] if value.strip() else []
+        except ValueError:
+            raise ValueError(f"{name} must be comma-separated local ranks such as '0,1', got {value!r}") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, (list, tuple, set, frozenset, range)):
+        items = list(value)
+    else:
+        raise TypeError(f"{name} must be local ranks such as '0,1' or {{0, 1}}, not {_type_name(value)} {value!r}")
+    for item in items:
+        _check_int(f"{name} entry", item, 0)
+    return tuple(sorted(set(items))) or None
+
+
+def check_log_dir(value: Any) -> str:
+    """A directory to create (or reuse) for per-rank logs; not an existing file."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"log_dir must be a directory path, not {_type_name(value)} {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"log_dir must name a directory, got {value!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"log_dir {path!r} exists and is not a directory")
+    return path
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The options of one run. Built once (checked in ``__post_init__``), never changed.
 
     num_workers: ranks to start; None means one per device of the chosen kind
-        in the cluster, or one per CPU slot when there are none.
+        in the cluster, or one per CPU slot when there are none. ``(min, max)``
+        makes the group elastic: it starts with as many workers as fit (up to
+        max) once min fit, and after a node loss or preemption restarts with
+        the workers that fit then.
     accelerator: "auto" (GPU if the cluster has GPUs, else NPU, else HPU, else
         CPU), or one of "gpu", "xpu", "npu", "hpu", "cpu".
     resources_per_worker: Ray resources per worker, added to or overriding
@@ -160,9 +244,27 @@ class RunConfig:
         Ray's object store in raydist's object collectives (None: never).
     pg_timeout: seconds the process group waits in a collective before it
         fails (torch's ``init_process_group(timeout=)``); None: torch's default.
+    log_dir: directory for per-rank log files, laid out as torchrun lays them
+        out (``<log_dir>/<run_id>_<random>/attempt_<k>/<rank>/stdout.log``);
+        written on the driver's machine. None: a temporary directory, made
+        only when ``redirects`` or ``tee`` asks for files.
+    redirects: torchrun's ``-r``: streams written to the log files instead
+        of the console, one code for all local ranks (0 none, 1 stdout,
+        2 stderr, 3 both) or per local rank (``"0:1,1:2"``, ``{0: 1, 1: 2}``).
+    tee: torchrun's ``-t``: streams written to the log files and the console
+        (same codes).
+    local_ranks_filter: torchrun's ``--local-ranks-filter``: only these local
+        ranks reach the console (files are not filtered); None: all.
+    restart_to_grow: with ``num_workers=(min, max)``, stop and restart the
+        group when the cluster can host more of its workers (up to max), as
+        torchrun's elastic agent does on a membership change; not counted
+        against ``max_restarts``.
+    preemption_signal: the signal ranks on a draining node get at once (their
+        code reads the deadline with ``raydist.preemption_requested()``);
+        None: no signal, only the deadline.
     """
 
-    num_workers: Optional[int] = None
+    num_workers: Union[None, int, Tuple[int, int]] = None
     accelerator: str = "auto"
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     backend: Optional[str] = None
@@ -176,10 +278,15 @@ class RunConfig:
     init_process_group: bool = True
     object_store_threshold: Optional[int] = DEFAULT_OBJECT_STORE_THRESHOLD
     pg_timeout: Optional[float] = None
+    log_dir: Optional[str] = None
+    redirects: StdSpec = STD_NONE
+    tee: StdSpec = STD_NONE
+    local_ranks_filter: Optional[Tuple[int, ...]] = None
+    restart_to_grow: bool = False
+    preemption_signal: Optional[str] = "SIGTERM"
 
     def __post_init__(self) -> None:
-        if self.num_workers is not None:
-            _check_int("num_workers", self.num_workers, 1)
+        self._check_num_workers()
         self._set("accelerator", _check_choice("accelerator", self.accelerator, ACCELERATOR_CHOICES))
         self._set("resources_per_worker", check_resources({} if self.resources_per_worker is None else self.resources_per_worker))
         self._check_devices()
@@ -202,6 +309,41 @@ class RunConfig:
         if self.pg_timeout is not None:
             self._set("pg_timeout", check_seconds("pg_timeout", self.pg_timeout))
         self._check_address()
+        if self.log_dir is not None:
+            self._set("log_dir", check_log_dir(self.log_dir))
+        self._set("redirects", parse_std("redirects", self.redirects))
+        self._set("tee", parse_std("tee", self.tee))
+        self._set("local_ranks_filter", parse_local_ranks("local_ranks_filter", self.local_ranks_filter))
+        _check_bool("restart_to_grow", self.restart_to_grow)
+        if self.restart_to_grow and not self.elastic:
+            raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
+        if self.preemption_signal is not None:
+            self._set("preemption_signal", _check_signal(self.preemption_signal))
+
+    def _check_num_workers(self) -> None:
+        value = self.num_workers
+        if value is None or not isinstance(value, (tuple, list)):
+            if value is not None:
+                _check_int("num_workers", value, 1)
+            return
+        if len(value) != 2:
+            raise ValueError(f"num_workers as a range is (min, max), got {value!r}")
+        _check_int("num_workers min", value[0], 1)
+        _check_int("num_workers max", value[1], 1)
+        if value[1] < value[0]:
+            raise ValueError(f"num_workers=(min, max) needs min <= max, got {tuple(value)!r}")
+        self._set("num_workers", value[0] if value[0] == value[1] else (value[0], value[1]))
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def worker_range(self) -> Optional[Tuple[int, int]]:
+        """(min, max) workers; None when the size comes from the cluster."""
+        if self.num_workers is None:
+            return None
+        return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # normalising inside a frozen dataclass
@@ -274,4 +416,4 @@ def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[An
     return tuple(args), dict(kwargs)
 
 
-__all__ = ["RunConfig", "OPTION_NAMES", "PLACEMENT_STRATEGIES", "make_config", "check_call"]
+__all__ = ["RunConfig", "OPTION_NAMES", "PLACEMENT_STRATEGIES", "make_config", "check_call", "parse_std", "parse_local_ranks"]

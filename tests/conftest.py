@@ -69,11 +69,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def live_raydist_actors() -> List[object]:
-    """Actors of raydist's worker class that are not dead (via Ray's state API)."""
+    """raydist's actors (workers and node agents) that are not dead (via Ray's state API)."""
     from ray.util.state import list_actors
 
     actors = list_actors(address=ray_address(), filters=[("state", "!=", "DEAD")])
-    return [a for a in actors if "RayWorker" in a.class_name]
+    return [a for a in actors if a.class_name in ("RayWorker", "NodeAgent")]
 
 
 def ray_address() -> str:

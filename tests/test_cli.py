@@ -94,6 +94,7 @@ def test_help_documents_every_flag(cli_env: Dict[str, str]) -> None:
         "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers", "--nnodes", "-m",
         "--accelerator", "--resources-per-worker", "--backend", "--max-restarts", "--address",
         "--env", "--placement-strategy", "--timeout", "--startup-timeout", "--standalone",
+        "--log-dir", "--log_dir", "-r", "--redirects", "-t", "--tee", "--local-ranks-filter",
     ):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", result.stdout), flag
 
@@ -116,7 +117,9 @@ def test_script_arguments_are_not_parsed() -> None:
         (["run", "-m", "no_such_package.train"], "no_such_package.train"),
         (["run", "--no-such-flag", "examples/ddp_torchrun.py"], "--no-such-flag"),
         (["run", "-n", "0", "examples/ddp_torchrun.py"], "must be >= 1"),
-        (["run", "--nnodes", "1:4", "examples/ddp_torchrun.py"], "elastic"),
+        (["run", "--nnodes", "3:2", "examples/ddp_torchrun.py"], "MIN <= MAX"),
+        (["run", "--restart-to-grow", "examples/ddp_torchrun.py"], "needs an elastic size"),
+        (["run", "--preemption-signal", "SIGNOPE", "examples/ddp_torchrun.py"], "signal name"),
         (["run", "--env", "NO_EQUALS_SIGN", "examples/ddp_torchrun.py"], "KEY=VALUE"),
         (["run", "--resources-per-worker", "[1]", "examples/ddp_torchrun.py"], "JSON object"),
         (["run", "-n"], "expected one argument"),
@@ -133,6 +136,10 @@ def test_script_arguments_are_not_parsed() -> None:
         (["run", "--address", "http://127.0.0.1:8265", "examples/ddp_torchrun.py"], "ray job submit"),
         (["run", "--standalone", "--address", "127.0.0.1:6379", "examples/ddp_torchrun.py"], "--standalone"),
         (["run", "examples"], "no __main__.py"),
+        (["run", "-r", "4", "examples/ddp_torchrun.py"], "--redirects '4' is neither a stream code"),
+        (["run", "--tee", "0:1,1:5", "examples/ddp_torchrun.py"], "--tee '0:1,1:5'"),
+        (["run", "--local-ranks-filter", "0,a", "examples/ddp_torchrun.py"], "--local-ranks-filter must be"),
+        (["run", "--log-dir", "README.md", "examples/ddp_torchrun.py"], "--log-dir 'README.md' exists and is not a directory"),
     ],
 )
 def test_bad_command_line_fails_before_ray_starts(args: List[str], message: str, cli_env: Dict[str, str], ray_tmpdir: str) -> None:
@@ -234,6 +241,55 @@ def test_a_directory_runs_its_main_and_n_cpu_is_one_worker_per_cpu_slot(cli_env:
     assert lines, explain(result)
     world, cpus = int(lines[0][1]), int(lines[0][2])
     assert world == cpus and sorted(int(rank) for rank, _, _ in lines) == list(range(world)), explain(result)
+
+
+# -- per-rank logs, against torchrun ----------------------------------------
+
+LOG_SCRIPT = "tests/scripts/log_lines.py"
+
+
+def run_files(log_dir: Path) -> Dict[str, str]:
+    """The files of the one run under ``log_dir``, by path within the run's directory."""
+    (run_dir,) = log_dir.iterdir()
+    return {str(path.relative_to(run_dir)): path.read_text() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+
+
+def rank_lines(output: str) -> List[str]:
+    return [line for line in output.splitlines() if re.match(r"\[\d+\]:", line)]
+
+
+def test_log_files_and_console_match_torchrun(cli_env: Dict[str, str], tmp_path: Path) -> None:
+    env = dict(cli_env, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:")
+    flags = ["-r", "3", "-t", "3", "--local-ranks-filter", "0"]
+    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", "--log-dir", str(tmp_path / "ours"), *flags, LOG_SCRIPT], env)
+    assert ours.returncode == 0, explain(ours)
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--log-dir", str(tmp_path / "torchrun"), *flags, LOG_SCRIPT],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert torchrun.returncode == 0, explain(torchrun)
+    files = run_files(tmp_path / "ours")
+    assert files == run_files(tmp_path / "torchrun")
+    assert sorted(files) == [f"attempt_0/{rank}/{name}.log" for rank in (0, 1) for name in ("stderr", "stdout")]
+    assert "rank 1 attempt 0 stdout line 2\nrank 1 done\n" in files["attempt_0/1/stdout.log"]
+    # Only rank 0 on the console, tee'd with the template's prefix, as torchrun shows it.
+    assert ours.stdout == torchrun.stdout and rank_lines(ours.stderr) == rank_lines(torchrun.stderr), explain(ours) + explain(torchrun)
+    assert "[0]:rank 0 done" in ours.stdout and "rank 1" not in ours.stdout + ours.stderr
+    assert "\x1b[" not in ours.stdout + ours.stderr
+
+
+def test_each_attempt_has_its_log_directory(cli_env: Dict[str, str], tmp_path: Path) -> None:
+    env = dict(cli_env, TMPDIR=str(tmp_path))  # no --log-dir: a temporary directory, named on stderr
+    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "-r", "3", "--max-restarts", "1", LOG_SCRIPT, "fail-first"], env)
+    assert result.returncode == 0, explain(result)
+    named = re.search(r"per-rank logs go to (\S+)", result.stderr)
+    assert named and Path(named.group(1)).parent == tmp_path, explain(result)
+    files = run_files(Path(named.group(1)))
+    assert sorted({path.split("/")[0] for path in files}) == ["attempt_0", "attempt_1"]
+    assert files["attempt_0/1/stderr.log"].endswith("rank 1 attempt 0 stderr line 2\nrank 1 fails attempt 0\n")
+    assert files["attempt_1/1/stdout.log"].endswith("rank 1 attempt 1 stdout line 2\nrank 1 done\n")
+    assert "stdout line" not in result.stdout and "stderr line" not in result.stderr, "redirected lines reached the console"
 
 
 # -- ray job submit on a real local cluster ----------------------------------
@@ -427,3 +483,26 @@ def test_token_protected_cluster_without_a_token_says_what_to_set(token_head: Ra
     result = raydist(["run", "--address", address, "-n", "2", "tests/scripts/cli_fail.py", "none"], env)
     assert result.returncode == 0, explain(result)
     assert "rank 1 finished" in result.stdout, explain(result)
+
+
+def test_a_record_script_shows_its_error_file_as_torchrun_does(cli_env: Dict[str, str]) -> None:
+    script = "tests/scripts/record_fail.py"
+    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", script], cli_env)
+    assert ours.returncode == 1, explain(ours)
+    error_file = re.search(r"\(error file (\S+/1/error\.json): ValueError: shard 1 is corrupt \(recorded\)\)", ours.stderr)
+    assert error_file, explain(ours)
+    assert os.path.isfile(error_file.group(1))
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
+        cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert torchrun.returncode == 1, explain(torchrun)
+    # The same message and the same traceback (from the error file) as torchrun's report.
+    expected = [
+        f'File "{REPO / script}", line 9, in load_shard',
+        'raise ValueError(f"shard {rank} is corrupt (recorded)")',
+        "ValueError: shard 1 is corrupt (recorded)",
+    ]
+    for output in (torchrun.stderr, ours.stderr):
+        lines = [line.strip() for line in output.splitlines()]
+        assert all(text in lines for text in expected), explain(torchrun) + explain(ours)

@@ -122,3 +122,22 @@ def device_index_or_none() -> Optional[int]:
 @pytest.mark.usefixtures("uneven_cluster")
 def test_cpu_workers_have_no_device_index() -> None:
     assert raydist.run(device_index_or_none, num_workers=2, accelerator="cpu") == [None, None]
+
+
+def abort_on_the_second_node() -> None:
+    if os.environ["GROUP_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+        import sys
+
+        print("last words on the other node", file=sys.stderr, flush=True)
+        os.abort()
+    dist.barrier()
+
+
+@pytest.mark.usefixtures("uneven_cluster")
+def test_a_rank_that_dies_on_another_node_is_explained_from_that_node() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(abort_on_the_second_node, num_workers=6, accelerator="cpu")
+    root = caught.value.root_cause
+    assert root.node_id != ray.get_runtime_context().get_node_id()
+    assert root.died == "killed by SIGABRT (aborted)", str(caught.value)
+    assert "last words on the other node" in (root.output or "")

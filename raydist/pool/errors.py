@@ -7,6 +7,7 @@ traceback or how the process died. The earliest failure is the root cause
 
 from __future__ import annotations
 
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +25,7 @@ class WorkerFailure:
     exit_code: Optional[int] = None  # set when the code called sys.exit(n != 0)
     died: Optional[str] = None  # set when the process died (killed, crashed)
     exception_type: Optional[str] = None
+    output: Optional[str] = None  # the last lines a dead process wrote to stderr
 
     @property
     def crashed(self) -> bool:
@@ -35,7 +37,12 @@ class WorkerFailure:
             return self.traceback.rstrip()
         if self.exit_code is not None:
             return f"exited with status {self.exit_code}"
-        return f"process died: {self.died}"
+        text = f"process died: {self.died}"
+        if self.output:
+            text += "\nits last lines on stderr:\n" + "\n".join("  | " + line for line in self.output.splitlines())
+        elif self.output is not None:
+            text += "\n(it wrote nothing to stderr)"
+        return text
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -61,14 +68,21 @@ def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> s
 class WorkerGroupError(RuntimeError):
     """One or more ranks failed; the whole group was torn down."""
 
-    def __init__(self, failures: Sequence[WorkerFailure], attempts: Sequence["WorkerGroupError"] = ()):
+    def __init__(
+        self,
+        failures: Sequence[WorkerFailure],
+        attempts: Sequence[BaseException] = (),
+        preempted_nodes: Sequence[str] = (),
+    ):
         if not failures:
             raise ValueError("a WorkerGroupError needs at least one failure")
+        # Nodes of failed ranks that Ray was draining: a preemption, not a fault.
+        self.preempted_nodes: List[str] = list(preempted_nodes)
         self.failures: List[WorkerFailure] = sorted(failures, key=lambda f: f.rank)
         # The earliest failure, except that a process death wins: peers of a
         # dead rank fail in their collectives *because* of it.
         self.root_cause: WorkerFailure = min(failures, key=lambda f: (not f.crashed, f.timestamp, f.rank))
-        self.attempts: Tuple[WorkerGroupError, ...] = tuple(attempts)
+        self.attempts: Tuple[BaseException, ...] = tuple(attempts)  # earlier attempts' errors, oldest first
         super().__init__(self._message())
 
     @property
@@ -90,22 +104,44 @@ class WorkerGroupError(RuntimeError):
         if self.attempts:
             parts.append(f"after {len(self.attempts) + 1} attempts; earlier root causes:")
             for number, attempt in enumerate(self.attempts):
-                cause = attempt.root_cause
-                last_line = cause.describe().splitlines()[-1] if cause.describe() else ""
-                parts.append(f"  attempt {number}: rank {cause.rank}: {last_line}")
+                parts.append(f"  attempt {number}: {_attempt_summary(attempt)}")
         parts.append(format_failures(self.failures, root))
         return "\n".join(parts)
+
+
+def _attempt_summary(error: BaseException) -> str:
+    if isinstance(error, WorkerGroupError):
+        cause = error.root_cause
+        last_line = cause.describe().splitlines()[-1] if cause.describe() else ""
+        preempted = " (preempted)" if error.preempted_nodes else ""
+        return f"rank {cause.rank}{preempted}: {last_line}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+class WorkerGroupRestart(Exception):
+    """The group stopped itself to be restarted larger (``restart_to_grow``)."""
+
+    def __init__(self, reason: str, world_size: int):
+        self.reason = reason
+        self.world_size = world_size
+        super().__init__(f"stopped to grow: {reason}")
 
 
 class WorkerGroupTimeout(TimeoutError):
     """The call did not finish in time; the group was torn down."""
 
-    def __init__(self, timeout: float, unfinished_ranks: Sequence[int]):
+    def __init__(self, timeout: float, unfinished_ranks: Sequence[int], stacks: str = ""):
         self.timeout = timeout
         self.unfinished_ranks: List[int] = sorted(unfinished_ranks)
-        super().__init__(
-            f"timed out after {timeout:g} s; {_ranks_text(self.unfinished_ranks)} had not finished"
-        )
+        self.stacks = stacks  # where each unfinished rank was, grouped (see WorkerGroup.stacks)
+        message = f"timed out after {timeout:g} s; {_ranks_text(self.unfinished_ranks)} had not finished"
+        if stacks:
+            message += "; where they were:\n" + stacks
+        super().__init__(message)
+
+
+class WorkerCallCancelled(CancelledError):
+    """The call was cancelled (``WorkerFuture.cancel``); its group was shut down."""
 
 
 class InfeasibleResourcesError(RuntimeError):

@@ -11,9 +11,9 @@ killed, not waited for.
 
 from __future__ import annotations
 
+import logging
 import threading
-import uuid
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 import ray.cloudpickle
@@ -26,13 +26,27 @@ from raydist.core.accelerators import Accelerator
 from raydist.core.initialize import DistInfo
 from raydist.pool.backend_hooks import GroupHooks, group_hooks
 from raydist.pool.connect import connect, connected_session
-from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
+from raydist.pool import ray_private
+from raydist.pool.diagnostics import ask_agents, explain_deaths, format_stacks, ranks_text, start_agents
+from raydist.pool.elastic import GroupWatcher, deadline_text, workers_that_fit
+from raydist.pool.errors import (
+    InfeasibleResourcesError,
+    WorkerCallCancelled,
+    WorkerGroupError,
+    WorkerGroupRestart,
+    WorkerGroupTimeout,
+    WorkerStartupTimeout,
+)
 from raydist.pool.layout import Placement, WorkerInfo, assign_ranks, worker_env
-from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, worker_bundle
+from raydist.pool.logs import RunLogs, wants_files
+from raydist.pool.output import GroupOutput, OutputRouter
+from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, usable_nodes, worker_bundle
 from raydist.pool.waiting import wait_for_ranks
 from raydist.pool.worker import RayWorker
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
+
+logger = logging.getLogger("raydist")
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
@@ -59,9 +73,11 @@ def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
 class WorkerFuture:
     """The pending result of ``WorkerGroup.submit``: one value per rank."""
 
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], timeout: Optional[float]):
+    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], timeout: Optional[float], call: int):
         self._group = group
         self._refs = refs
+        self._actors = actors
+        self._call = call  # the group's count of calls before this one
         self._timeout = timeout
         self._result: Optional[List[Any]] = None
 
@@ -74,10 +90,11 @@ class WorkerFuture:
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
         """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
-        (tearing the group down) if a rank fails or the time runs out."""
+        (tearing the group down) if a rank fails or the time runs out, and
+        WorkerCallCancelled after ``cancel``."""
         if self._result is None:
             limit = self._timeout if timeout is None else check_seconds("timeout", timeout)
-            self._result = self._group._collect(self._refs, limit)
+            self._result = self._group._collect(self._refs, limit, actors=self._actors, call=self._call)
         return self._result
 
     def cancel(self) -> bool:
@@ -85,6 +102,7 @@ class WorkerFuture:
         collective alone). Returns False if it had already finished."""
         if self.done():
             return False
+        self._group._cancelled = True
         self._group.shutdown(graceful=False)
         return True
 
@@ -104,6 +122,8 @@ class WorkerGroup:
         *,
         config: Optional[RunConfig] = None,
         restart_count: int = 0,
+        logs: Optional[RunLogs] = None,
+        node_order: Sequence[str] = (),
         **options: Any,
     ):
         if num_workers is not None:
@@ -111,12 +131,22 @@ class WorkerGroup:
         self.config: RunConfig = make_config(config, options)
         self._hooks: GroupHooks = group_hooks(self.config)  # a missing backend library fails here, before Ray
         self._restart_count = restart_count
+        self._logs = logs or RunLogs(self.config)  # raydist.run shares one across attempts
+        self._output: Optional[GroupOutput] = None
+        self._calls = 0
         self._lock = threading.RLock()  # orders submissions; guards teardown
         self._actors: List[Any] = []
         self._workers: List[WorkerInfo] = []
         self._contexts: List[Optional[DistInfo]] = []
         self._pg: Optional[PlacementGroup] = None
         self._closed = False
+        self._cancelled = False  # closed by WorkerFuture.cancel
+        self._agents: Dict[str, Any] = {}  # node id -> NodeAgent (diagnostics, preemption warnings)
+        self._node_order = tuple(node_order)  # a restart keeps the surviving nodes' order
+        self._bundle: Dict[str, float] = {}
+        self._watcher: Optional[GroupWatcher] = None
+        self._grow_by = 0  # set when the group stops to restart larger (restart_to_grow)
+        self._drained: Dict[str, float] = {}  # this group's nodes Ray started draining -> deadline
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
         try:
@@ -129,23 +159,22 @@ class WorkerGroup:
 
     def _start(self) -> None:
         config = self.config
-        nodes = alive_nodes()
-        accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
-        bundle = worker_bundle(accelerator, config.resources_per_worker)
-        num_workers = config.num_workers or default_num_workers(accelerator, bundle, nodes)
-        if num_workers < 1:
-            raise InfeasibleResourcesError(
-                f"num_workers=None means one worker per {accelerator.ray_resource}, "
-                f"but the cluster has none ({accelerator.name} workers of {bundle})"
+        router = OutputRouter.install()
+        if router is None and (wants_files(config) or config.local_ranks_filter is not None):
+            raise ValueError(
+                "log_dir, redirects, tee and local_ranks_filter need Ray to forward worker output "
+                "to this driver (ray.init(log_to_driver=True); not Ray Client)"
             )
-        self._pg = reserve(bundle, num_workers, config.placement_strategy, config.startup_timeout)
+        accelerator, bundle, num_workers = self._reserve()
         self._actors = [self._create_actor(accelerator, bundle, index) for index in range(num_workers)]
         # Round trip 1: where did each worker land?
         placements: List[Placement] = self._gather(
             [actor.describe.remote(i) for i, actor in enumerate(self._actors)], "started"
         )
-        self._workers = assign_ranks(placements, ray.get_runtime_context().get_node_id())
+        self._workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order)
+        self._agents = start_agents([w.node_id for w in self._workers])  # ready by the time they are needed
         self._actors = [self._actors[w.actor_index] for w in self._workers]  # now indexed by rank
+        self._output = GroupOutput(self._workers, self._logs.attempt(self._restart_count, self._workers), router)
         # Round trip 2: environment + initialization, concurrently on all ranks.
         master_port = placements[self._workers[0].actor_index].free_port
         envs = self._worker_envs(accelerator, bundle, master_port)
@@ -153,6 +182,72 @@ class WorkerGroup:
         threshold = config.object_store_threshold
         setups = [actor.setup.remote(w, env, init_kwargs, threshold) for w, actor, env in zip(self._workers, self._actors, envs)]
         self._contexts = self._gather(setups, "initialised")
+        self._watcher = GroupWatcher(self._workers, self._on_drain, self._on_room_to_grow, self._room_to_grow).start()
+
+    def _reserve(self) -> Tuple[Accelerator, Dict[str, float], int]:
+        """The workers' kind and bundle, and a placed placement group of as many as the run gets."""
+        config = self.config
+        nodes = alive_nodes()
+        accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
+        self._bundle = bundle = worker_bundle(accelerator, config.resources_per_worker)
+        sizes = config.worker_range
+        if sizes is None:
+            count = default_num_workers(accelerator, bundle, nodes)
+            if count < 1:
+                raise InfeasibleResourcesError(
+                    f"num_workers=None means one worker per {accelerator.ray_resource}, "
+                    f"but the cluster has none ({accelerator.name} workers of {bundle})"
+                )
+            sizes = (count, count)
+        self._pg, num_workers = reserve(bundle, sizes, config.placement_strategy, config.startup_timeout)
+        return accelerator, bundle, num_workers
+
+    # -- drains and growth (called from the watcher's thread) ----------------
+
+    def _on_drain(self, node_id: str, deadline: float, ranks: List[int]) -> None:
+        """Warn the ranks on a draining node at once: the deadline where
+        ``raydist.preemption_requested()`` reads it, then the signal."""
+        signal_name = self.config.preemption_signal
+        self._drained[node_id] = deadline
+        logger.warning(
+            "raydist: node %s is draining (%s): warning %s%s",
+            node_id[:12], deadline_text(deadline), ranks_text(ranks), f" with {signal_name}" if signal_name else "",
+        )
+        ask_agents(self._agents, self._workers, ranks, "preempt", deadline, signal_name)
+
+    def _room_to_grow(self) -> int:
+        """How many more workers the cluster could host now (0 unless restart_to_grow)."""
+        sizes = self.config.worker_range
+        if not self.config.restart_to_grow or sizes is None or len(self._workers) >= sizes[1]:
+            return 0
+        usable = {node.node_id for node in usable_nodes()}
+        free = [res for node_id, res in ray_private.available_resources_per_node().items() if node_id in usable]
+        return min(sizes[1] - len(self._workers), workers_that_fit(self._bundle, free, self.config.placement_strategy))
+
+    def _on_room_to_grow(self, more: int) -> None:
+        logger.warning("raydist: room for %d more worker(s): stopping the group to restart it larger", more)
+        self._grow_by = more
+        self.shutdown(graceful=False)
+
+    @property
+    def held_resources(self) -> Dict[str, Dict[str, float]]:
+        """What the group's workers hold on each node (node id -> amounts)."""
+        held: Dict[str, Dict[str, float]] = {}
+        for worker in self._workers:
+            amounts = held.setdefault(worker.node_id, {})
+            for name, amount in self._bundle.items():
+                amounts[name] = amounts.get(name, 0.0) + amount
+        return held
+
+    @property
+    def node_order(self) -> List[str]:
+        """The group's node ids in node-rank order."""
+        return list(dict.fromkeys(worker.node_id for worker in self._workers))
+
+    @property
+    def drained_nodes(self) -> Dict[str, float]:
+        """Nodes of this group that Ray started draining, with their deadlines."""
+        return dict(self._drained)
 
     def _create_actor(self, accelerator: Accelerator, bundle: Mapping[str, float], index: int) -> Any:
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
@@ -168,19 +263,19 @@ class WorkerGroup:
         visible devices and this worker's device index, the backend's
         variables (its driver side starts here), then the user's ``env``."""
         master = self._workers[0]
-        run_id = uuid.uuid4().hex
         extra = self._hooks.start(self._workers)
+        output_env = self._output.worker_env() if self._output is not None else {}
         return [
             worker_env(
                 worker,
                 master_addr=master.node_ip,
                 master_port=master_port,
-                run_id=run_id,
+                run_id=self._logs.run_id,
                 restart_count=self._restart_count,
                 config=self.config,
                 accelerator=accelerator,
                 cpus=bundle.get("CPU", 1),
-                extra=backend_env,
+                extra={**backend_env, **output_env},
             )
             for worker, backend_env in zip(self._workers, extra)
         ]
@@ -234,8 +329,10 @@ class WorkerGroup:
             if len(call) > INLINE_CALL_BYTES:
                 call = ray.put(call)  # big arguments: stored once, read by every rank
             # One lock around the sends: every rank queues calls in the same order.
-            refs = [actor.execute.remote(call) for actor in self._actors]
-        return WorkerFuture(self, refs, self.config.timeout)
+            actors = list(self._actors)
+            refs = [actor.execute.remote(call) for actor in actors]
+            number, self._calls = self._calls, self._calls + 1
+        return WorkerFuture(self, refs, actors, self.config.timeout, number)
 
     def run(
         self,
@@ -249,26 +346,72 @@ class WorkerGroup:
         ``timeout`` defaults to the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs).result(timeout)
 
-    def _collect(self, refs: List[ray.ObjectRef], timeout: Optional[float], progress: Optional[tqdm] = None, stage: Optional[str] = None) -> List[Any]:
+    def _collect(
+        self,
+        refs: List[ray.ObjectRef],
+        timeout: Optional[float],
+        progress: Optional[tqdm] = None,
+        stage: Optional[str] = None,
+        actors: Optional[List[Any]] = None,
+        call: Optional[int] = None,
+    ) -> List[Any]:
         """Every rank's value (``refs`` is indexed by rank); on a failure or
-        timeout, tear the group down and raise."""
+        timeout, tear the group down and raise, saying why ranks died or
+        where unfinished ranks were. After call number ``call``, first wait
+        for the lines its ranks printed."""
         self._check_session()
         try:
-            waited = wait_for_ranks(refs, timeout, self._workers, progress)
+            waited = wait_for_ranks(refs, timeout, self._workers, progress, actors)
         except BaseException as error:  # KeyboardInterrupt included: leave nothing running
             self.shutdown(graceful=False)
             if connected_session() != self._session:
                 raise RuntimeError("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
         if waited.failures:
-            self.shutdown(graceful=False)
-            raise WorkerGroupError(waited.failures)
+            # Read the dead ranks' evidence while their node agents still run.
+            stopped_here = self._cancelled or self._grow_by
+            failures = waited.failures if stopped_here else explain_deaths(waited.failures, self._workers, self._agents)
+            self._shutdown_then_settle(call, waited.results, [failure.rank for failure in waited.failures if not failure.crashed])
+            if self._cancelled:
+                raise WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
+            if self._grow_by:
+                raise WorkerGroupRestart(f"the cluster has room for {self._grow_by} more worker(s)", len(self._workers))
+            # A drain breaks the whole group (its ranks leave, peers fail in collectives): a preemption.
+            raise WorkerGroupError(failures, preempted_nodes=sorted(self._drained))
         if waited.pending:
-            self.shutdown(graceful=False)
             if stage is not None:
+                self.shutdown(graceful=False)
                 raise WorkerStartupTimeout(timeout or 0.0, stage, len(refs), self._pending_text(waited.pending, stage))
-            raise WorkerGroupTimeout(timeout or 0.0, waited.pending)
-        return waited.results
+            stacks = self._stacks_of(waited.pending)
+            self.shutdown(graceful=False)
+            raise WorkerGroupTimeout(timeout or 0.0, waited.pending, stacks)
+        return self._settle(call, waited.results)
+
+    def _settle(self, call: Optional[int], results: List[Any]) -> List[Any]:
+        if call is None or self._output is None:
+            return results
+        return self._output.settle(call, results)
+
+    def _shutdown_then_settle(self, call: Optional[int], results: List[Any], failed_ranks: Sequence[int]) -> None:
+        """Kill the group first (peers stuck in a collective need not wait),
+        then wait for the failed call's output: its markers are already in the files."""
+        with self._lock:
+            output, self._output = self._output, None
+        self.shutdown(graceful=False)
+        if output is not None:
+            if call is not None:
+                output.settle(call, results, failed_ranks)
+            output.close()
+
+    def stacks(self) -> str:
+        """Where every rank is now: Python stacks grouped by location, the odd
+        ones out marked. The group keeps running."""
+        self._check_usable()
+        return self._stacks_of(range(len(self._workers)))
+
+    def _stacks_of(self, ranks: Sequence[int]) -> str:
+        found = ask_agents(self._agents, self._workers, list(ranks), "stacks")
+        return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
 
     def _pending_text(self, indices: List[int], stage: str) -> List[str]:
         """Who is still starting: ranks with their node once ranks are known."""
@@ -291,9 +434,16 @@ class WorkerGroup:
             self._closed = True
             actors, self._actors = self._actors, []
             pg, self._pg = self._pg, None
+            output, self._output = self._output, None
+            agents, self._agents = list(self._agents.values()), {}
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
         if connected_session() == self._session:
-            _stop_actors(actors, pg, graceful)
+            _stop_actors(actors, pg, graceful, agents)
         self._hooks.stop()
+        if output is not None:
+            output.close()
 
     def __enter__(self) -> "WorkerGroup":
         return self
@@ -309,16 +459,17 @@ class WorkerGroup:
                 pass
 
 
-def _stop_actors(actors: List[Any], pg: Optional[PlacementGroup], graceful: bool) -> None:
+def _stop_actors(actors: List[Any], pg: Optional[PlacementGroup], graceful: bool, agents: List[Any]) -> None:
     if graceful and actors:
         try:
             ray.get([actor.teardown.remote() for actor in actors], timeout=TEARDOWN_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - the actors are killed below regardless
             pass
-    for actor in actors:
+    for actor in [*actors, *agents]:
         ray.kill(actor, no_restart=True)
     if pg is not None:
         remove_placement_group(pg)
-    if actors:
+    if actors or agents:
         # A call on a killed actor fails once Ray knows it is dead.
-        ray.wait([actor.ping.remote() for actor in actors], num_returns=len(actors), timeout=TEARDOWN_TIMEOUT_S)
+        pings = [actor.ping.remote() for actor in [*actors, *agents]]
+        ray.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)

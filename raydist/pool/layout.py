@@ -17,12 +17,15 @@ Pure functions (no Ray calls), so the rules are easy to read and test:
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.core.accelerators import Accelerator
 from raydist.core.environment import torchrun_env
 from raydist.core.initialize import DEVICE_INDEX_VAR
+from raydist.core.preemption import PREEMPTION_FILE_VAR
+from raydist.pool.diagnostics import WorkerEvidence
 
 if TYPE_CHECKING:
     from raydist.config import RunConfig
@@ -38,6 +41,7 @@ class Placement:
     pid: int
     accelerator_ids: Tuple[str, ...]
     free_port: int
+    evidence: Optional[WorkerEvidence] = None  # where the process leaves its stderr, exit note, stacks
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class WorkerInfo:
     visible_device_ids: Tuple[str, ...]  # the group's device ids on this node, in id order
     device_index: Optional[int]  # own first device's position in visible_device_ids; None without devices
     actor_index: int
+    evidence: Optional[WorkerEvidence] = None  # paths on the worker's node (stderr file, ...)
 
 
 def _id_key(device_id: str) -> Tuple[int, object]:
@@ -68,18 +73,23 @@ def _worker_key(placement: Placement) -> Tuple[object, ...]:
     return (0, _id_key(ids[0]), placement.index) if ids else (1, (0, 0), placement.index)
 
 
-def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str]) -> List[WorkerInfo]:
-    """Give each placed worker its rank; the result is ordered by rank."""
+def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str], node_order: Sequence[str] = ()) -> List[WorkerInfo]:
+    """Give each placed worker its rank; the result is ordered by rank.
+
+    ``node_order`` (a previous attempt's nodes, in order) keeps surviving
+    nodes where they were: ranks move only when a node before them left.
+    """
     by_node: Dict[str, List[Placement]] = {}
     for placement in placements:
         by_node.setdefault(placement.node_id, []).append(placement)
     # Driver's node first; the rest in a stable order (first actor placed there).
-    node_order = sorted(
+    earlier = {node: position for position, node in enumerate(node_order)}
+    ordered = sorted(
         by_node,
-        key=lambda node: (node != driver_node_id, min(p.index for p in by_node[node])),
+        key=lambda node: (earlier.get(node, len(earlier)), node != driver_node_id, min(p.index for p in by_node[node])),
     )
     workers: List[WorkerInfo] = []
-    for node_rank, node_id in enumerate(node_order):
+    for node_rank, node_id in enumerate(ordered):
         members = sorted(by_node[node_id], key=_worker_key)
         visible = tuple(sorted({i for member in members for i in member.accelerator_ids}, key=_id_key))
         for local_rank, member in enumerate(members):
@@ -91,7 +101,7 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
                     local_rank=local_rank,
                     local_world_size=len(members),
                     node_rank=node_rank,
-                    num_nodes=len(node_order),
+                    num_nodes=len(ordered),
                     node_id=node_id,
                     node_ip=member.node_ip,
                     pid=member.pid,
@@ -99,6 +109,7 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str])
                     visible_device_ids=visible,
                     device_index=visible.index(own[0]) if own else None,
                     actor_index=member.index,
+                    evidence=member.evidence,
                 )
             )
     return workers
@@ -138,6 +149,12 @@ def worker_env(
         env[accelerator.visible_devices_var] = ",".join(worker.visible_device_ids)
     if worker.device_index is not None:
         env[DEVICE_INDEX_VAR] = str(worker.device_index)
+    if worker.evidence is not None:  # where raydist.preemption_requested() reads a drain deadline
+        env[PREEMPTION_FILE_VAR] = worker.evidence.preemption_path
+    # Where a script decorated with torch's @record writes its error (on the worker's node).
+    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
+        tempfile.gettempdir(), "raydist", run_id, f"attempt_{restart_count}", str(worker.rank), "error.json"
+    )
     env.update(extra)
     env.update(config.env)
     return env

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from raydist.core.accelerators import AUTO_ORDER, BY_NAME, CPU, Accelerator
 from raydist.pool import ray_private
+from raydist.pool.elastic import elastic_size, workers_that_fit
 from raydist.pool.errors import InfeasibleResourcesError
 
 
@@ -74,12 +75,8 @@ def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], n
     resource = accelerator.ray_resource or "CPU"
     amount = bundle.get(resource)
     if not amount:  # CPU workers asking for no CPU: as many as their other resources allow
-        return sum(_workers_that_fit(bundle, node) for node in nodes)
+        return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
     return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
-
-
-def _workers_that_fit(bundle: Mapping[str, float], node: ClusterNode) -> int:
-    return int(min(node.resources.get(name, 0.0) // amount for name, amount in bundle.items()))
 
 
 def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode]) -> Optional[str]:
@@ -87,13 +84,8 @@ def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, 
 
     All bundles are equal, so counting how many fit on each node is exact.
     """
-    fits = [_workers_that_fit(bundle, node) for node in nodes]
-    if strategy == "STRICT_PACK":
-        possible, how = max(fits, default=0), "on one node"
-    elif strategy == "STRICT_SPREAD":
-        possible, how = sum(1 for f in fits if f >= 1), "on distinct nodes"
-    else:
-        possible, how = sum(fits), "in the cluster"
+    possible = workers_that_fit(bundle, [node.resources for node in nodes], strategy)
+    how = {"STRICT_PACK": "on one node", "STRICT_SPREAD": "on distinct nodes"}.get(strategy, "in the cluster")
     if possible >= num_workers:
         return None
     totals: Dict[str, float] = {}
@@ -118,52 +110,98 @@ def per_node_text(per_node: List[Mapping[str, float]]) -> str:
     return "[" + ", ".join(_fmt(r) for r in per_node) + "]"
 
 
+def usable_nodes() -> List[ClusterNode]:
+    """Alive nodes that are not draining (Ray places nothing new on a draining node)."""
+    draining = ray_private.draining_nodes()
+    return [node for node in alive_nodes() if node.node_id not in draining]
+
+
 def reserve(
     bundle: Mapping[str, float],
-    num_workers: int,
+    sizes: Tuple[int, int],
     strategy: str,
     startup_timeout: float,
-) -> PlacementGroup:
-    """Create the placement group and wait until it is placed.
+) -> Tuple[PlacementGroup, int]:
+    """A placed placement group of ``bundle`` x n, and n.
 
-    Raises InfeasibleResourcesError at once when the cluster can never host
-    it (and no autoscaler can grow it), or after ``startup_timeout`` seconds.
+    ``sizes`` is (min, max) workers: with min < max, n is as many as fit now
+    (up to max) once at least min fit. Raises InfeasibleResourcesError at
+    once when the cluster can never host min (and no autoscaler can grow
+    it), or after ``startup_timeout`` seconds.
     """
-    nodes = alive_nodes()
-    reason = infeasibility(bundle, num_workers, strategy, nodes)
+    min_workers, max_workers = sizes
+    reason = infeasibility(bundle, min_workers, strategy, usable_nodes())
     if reason is not None and not ray_private.cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
-    pg = placement_group([dict(bundle)] * num_workers, strategy=strategy, name=f"raydist-{uuid.uuid4().hex[:12]}")
-    try:
-        _wait_until_placed(pg, bundle, num_workers, strategy, startup_timeout)
-    except BaseException:
-        remove_placement_group(pg)
-        raise
-    return pg
-
-
-def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], num_workers: int, strategy: str, startup_timeout: float) -> None:
-    ready = pg.ready()
     deadline = time.monotonic() + startup_timeout
-    # The bar only appears if placement takes more than a moment.
-    with tqdm(total=num_workers, desc="raydist: workers placed", unit="worker", delay=5.0) as bar:
+    with tqdm(total=min_workers, desc="raydist: workers placed", unit="worker", delay=5.0) as bar:
         while True:
-            remaining = deadline - time.monotonic()
-            done, _ = ray.wait([ready], timeout=max(0.0, min(1.0, remaining)))
-            if done:
-                bar.update(num_workers - bar.n)
-                return
-            if remaining <= 0:
-                available = [
-                    {name: n.resources.get(name, 0.0) for name in bundle}
-                    for n in alive_nodes()
-                ]
-                raise InfeasibleResourcesError(
-                    f"gave up after {startup_timeout:g} s waiting for {num_workers} workers of "
-                    f"{_fmt(bundle)} each ({strategy}); cluster nodes have {per_node_text(available)} "
-                    f"in total, currently free {_fmt(_free(bundle))}"
-                )
-            bar.set_postfix_str(f"waiting for {_fmt(bundle)} x {num_workers}; free: {_fmt(_free(bundle))}")
+            size = max_workers if min_workers == max_workers else _elastic_size_now(bundle, sizes, strategy)
+            if size is not None:
+                pg = placement_group([dict(bundle)] * size, strategy=strategy, name=f"raydist-{uuid.uuid4().hex[:12]}")
+                # An elastic size was right a moment ago; if others took the room meanwhile, look again.
+                wait = deadline if min_workers == max_workers else min(deadline, time.monotonic() + ELASTIC_PLACE_S)
+                try:
+                    placed = _wait_until_placed(pg, bundle, size, bar, wait)
+                except BaseException:
+                    remove_placement_group(pg)
+                    raise
+                if placed:
+                    return pg, size
+                remove_placement_group(pg)
+            if time.monotonic() >= deadline:
+                raise InfeasibleResourcesError(_gave_up(bundle, sizes, strategy, startup_timeout))
+            bar.set_postfix_str(f"waiting for room for {min_workers} of {_fmt(bundle)}; free: {_fmt(_free(bundle))}")
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # polling the cluster, with a deadline
+
+
+# How long an elastic placement may take before the free room is looked at again.
+ELASTIC_PLACE_S = 3.0
+# How long to wait for a torn-down group's resources to show as free again.
+RELEASE_WAIT_S = 5.0
+
+
+def wait_until_released(held: Mapping[str, Mapping[str, float]], timeout: float = RELEASE_WAIT_S) -> None:
+    """Wait until the resources a torn-down group ``held`` (node id -> amounts)
+    show as free on the nodes still alive, so that the next elastic size
+    counts them (Ray updates free resources a moment after a removal)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        free = ray_private.available_resources_per_node()
+        if all(
+            node_id not in free or all(free[node_id].get(name, 0.0) + 1e-6 >= amount for name, amount in amounts.items())
+            for node_id, amounts in held.items()
+        ):
+            return
+        time.sleep(0.1)  # polling Ray's view of free resources, with a deadline
+
+
+def _elastic_size_now(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str) -> Optional[int]:
+    usable = {node.node_id for node in usable_nodes()}
+    free = [resources for node_id, resources in ray_private.available_resources_per_node().items() if node_id in usable]
+    return elastic_size(sizes[0], sizes[1], workers_that_fit(bundle, free, strategy))
+
+
+def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: tqdm, deadline: float) -> bool:
+    ready = pg.ready()
+    while True:
+        remaining = deadline - time.monotonic()
+        done, _ = ray.wait([ready], timeout=max(0.0, min(1.0, remaining)))
+        if done:
+            bar.update(bar.total - bar.n)
+            return True
+        if remaining <= 0:
+            return False
+        bar.set_postfix_str(f"waiting for {_fmt(bundle)} x {size}; free: {_fmt(_free(bundle))}")
+
+
+def _gave_up(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str, startup_timeout: float) -> str:
+    count = str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}"
+    totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in alive_nodes()]
+    return (
+        f"gave up after {startup_timeout:g} s waiting for {count} workers of {_fmt(bundle)} each "
+        f"({strategy}); cluster nodes have {per_node_text(totals)} in total, currently free {_fmt(_free(bundle))}"
+    )
 
 
 def _free(bundle: Mapping[str, float]) -> Dict[str, float]:

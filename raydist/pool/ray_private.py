@@ -8,6 +8,7 @@ changing behaviour.
 from __future__ import annotations
 
 import json
+import math
 import logging
 from typing import Any, Callable, Dict
 
@@ -81,7 +82,8 @@ def wrap_worker_output_printer(wrap: Callable[[Callable[[Dict[str, Any]], None]]
         warn_once("printer", f"cannot follow worker output ({type(error).__name__}: {error}); "
                   "the last lines of a run may print after it ends")
         return False
-    warn_once("printer", "no worker-output printer to follow; the last lines of a run may print after it ends")
+    warn_once("printer", "no worker-output printer to follow (ray.init(log_to_driver=False), or Ray Client); "
+              "worker lines are not followed: no per-rank log files, and the last lines of a call may print after it returns")
     return False
 
 
@@ -111,3 +113,28 @@ def probe_gcs(address: str) -> None:
     from ray._raylet import GcsClient
 
     GcsClient(address=address).internal_kv_get(b"raydist-probe", namespace=None, timeout=5)
+
+
+def draining_nodes() -> Dict[str, float]:
+    """Nodes Ray is draining (``ray drain-node``, spot preemption), with each
+    deadline in seconds since the epoch (``math.inf``: none).
+
+    Ray has no public API for drain state (Ray Train v2 reads it the same
+    way). An empty answer, with a warning, where this Ray cannot say.
+    """
+    try:
+        drains = ray._private.state.state.get_draining_nodes()
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("drains", f"cannot read node drains ({type(error).__name__}: {error}); preemption is not watched")
+        return {}
+    return {node_id: (deadline_ms / 1000.0 if deadline_ms else math.inf) for node_id, deadline_ms in drains.items()}
+
+
+def available_resources_per_node() -> Dict[str, Dict[str, float]]:
+    """What is free on each alive node now (Ray's DeveloperAPI; no public
+    per-node view). Falls back, with a warning, to each node's total."""
+    try:
+        return {k: dict(v) for k, v in ray._private.state.available_resources_per_node().items()}
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("available", f"cannot read free resources per node ({type(error).__name__}: {error}); using totals")
+        return {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}

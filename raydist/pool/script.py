@@ -52,8 +52,7 @@ def run_script(
     script_args: Sequence[str],
     module: bool = False,
     target_as_typed: Optional[str] = None,
-    end_marker: Optional[str] = None,
-) -> int:
+) -> None:
     """Run ``target`` as ``__main__`` with ``sys.argv = [target, *script_args]``.
 
     ``module``: ``target`` is a module name, run like ``python -m`` (the
@@ -64,14 +63,7 @@ def run_script(
     restored either way, so the worker can run something else afterwards.
     ``SystemExit`` propagates: the worker reports a non-zero code as that
     rank's exit status.
-
-    ``end_marker``: when given, a last line ``"<end_marker> <attempt> <rank>"``
-    goes to stdout and stderr, so the driver can tell when Ray has forwarded
-    all of this rank's output (see ``raydist.cli``). Returns the attempt
-    number (TORCHELASTIC_RESTART_COUNT).
     """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    rank = int(os.environ.get("RANK", "0"))
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     succeeded = False
     try:
@@ -99,8 +91,6 @@ def run_script(
                     stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream must not mask the result
                 pass
-        if end_marker is not None:
-            _write_end_marker(end_marker, attempt, rank)
         if succeeded:
             # After a failure the group kills every worker; leaving the process
             # group here would only make the peers fail too ("connection reset").
@@ -109,18 +99,6 @@ def run_script(
         sys.path[:] = saved_path
         try:
             os.chdir(saved_cwd)
-        except OSError:
-            pass
-    return attempt
-
-
-def _write_end_marker(end_marker: str, attempt: int, rank: int) -> None:
-    # Straight to the file descriptors Ray captures, whatever the script did
-    # to sys.stdout / sys.stderr.
-    line = f"{end_marker} {attempt} {rank}\n".encode()
-    for fd in (1, 2):
-        try:
-            os.write(fd, line)
         except OSError:
             pass
 

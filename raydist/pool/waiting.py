@@ -41,9 +41,13 @@ def wait_for_ranks(
     timeout: Optional[float],
     workers: Sequence[WorkerInfo],
     progress: Optional[tqdm] = None,
+    actors: Optional[Sequence[Any]] = None,
 ) -> Waited:
     """Wait for ``refs`` (indexed by rank) until all are done, one fails
-    (then a short grace period for the others' failures), or ``timeout``."""
+    (then a short grace period for the others' failures), or ``timeout``.
+
+    ``actors`` (by rank) marks ``refs`` as user calls: an error that is not a
+    death is then a return value that could not be sent back."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
     waited = Waited(results=[None] * len(refs))
@@ -51,23 +55,29 @@ def wait_for_ranks(
     # FAST_PATH_S; only then wait one at a time to spot failures early.
     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
     if len(ready) == len(refs):
-        _take(ready, pending, waited, workers)
+        _take(ready, pending, waited, workers, actors)
     while pending and not waited.failures:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
             break  # timed out
         # Take everything already finished in one go (cheap for warm calls).
-        _take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers)
+        _take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers, actors)
         if progress is not None:
             progress.update(len(refs) - len(pending) - progress.n)
     if waited.failures and pending:
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
-        _take(ready, pending, waited, workers)
+        _take(ready, pending, waited, workers, actors)
     waited.pending = sorted(pending.values())
     return waited
 
 
-def _take(ready: List[ray.ObjectRef], pending: Dict[ray.ObjectRef, int], waited: Waited, workers: Sequence[WorkerInfo]) -> None:
+def _take(
+    ready: List[ray.ObjectRef],
+    pending: Dict[ray.ObjectRef, int],
+    waited: Waited,
+    workers: Sequence[WorkerInfo],
+    actors: Optional[Sequence[Any]],
+) -> None:
     """Move finished ranks from ``pending`` into the results or the failures."""
     try:
         values: List[Any] = ray.get(ready)  # one call for the common case
@@ -81,8 +91,9 @@ def _take(ready: List[ray.ObjectRef], pending: Dict[ray.ObjectRef, int], waited:
         except RayActorError as error:
             waited.failures.append(_failure(rank, worker, died=_death_text(error)))
             continue
-        except Exception as error:  # noqa: BLE001 - a start-up step raised
-            waited.failures.append(_failure(rank, worker, traceback=str(error)))
+        except Exception as error:  # noqa: BLE001 - a start-up step raised, or a result could not travel
+            text = _unsendable_result(rank, error, actors[rank]) if actors is not None else str(error)
+            waited.failures.append(_failure(rank, worker, traceback=text))
             continue
         if isinstance(value, Outcome):
             if not value.ok:
@@ -111,6 +122,18 @@ def _failure(
         died=died,
         exception_type=outcome.exception_type if outcome else None,
     )
+
+
+def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
+    """The call ran, but its return value could not be pickled to come back."""
+    cause = getattr(error, "cause", None) or error
+    last = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    try:
+        kind = ray.get(actor.returned_type.remote(), timeout=5)
+    except Exception:  # noqa: BLE001 - the type is a detail; the message stands without it
+        kind = ""
+    of_type = f" (a {kind})" if kind else ""
+    return f"the return value of rank {rank}{of_type} cannot be pickled to send it back: {type(cause).__name__}: {last}"
 
 
 def _death_text(error: RayActorError) -> str:

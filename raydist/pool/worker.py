@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import faulthandler
+import json
 import os
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Dict, Mapping, Optional
 
 import ray
@@ -15,8 +19,10 @@ import ray.cloudpickle
 
 from raydist.core import collectives
 from raydist.core.initialize import DistInfo, init_distributed, shutdown
+from raydist.pool.diagnostics import STACK_SIGNAL, WorkerEvidence
 from raydist.pool.layout import Placement, WorkerInfo
 from raydist.pool.object_store import RayObjectStoreTransport
+from raydist.pool.output import marks_output
 from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 
 
@@ -42,6 +48,62 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _leave_evidence(evidence: WorkerEvidence) -> None:
+    """Make this process leave evidence of how it ends and where it hangs
+    (read by raydist.pool.diagnostics from another process on this node)."""
+    os.makedirs(os.path.dirname(evidence.stack_path), exist_ok=True)
+    for stale in (evidence.exit_note_path, evidence.preemption_path):  # left by an earlier process with this pid
+        try:
+            os.remove(stale)
+        except FileNotFoundError:
+            pass
+    # Written by faulthandler's C handler: works while a C++ call holds the GIL.
+    stacks = open(evidence.stack_path, "ab")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    # os._exit(n) ends the process without a trace Ray reports; note n first.
+    real_exit = os._exit
+
+    def exit_noting_status(status: int) -> None:  # type: ignore[misc]
+        try:
+            with open(evidence.exit_note_path, "w") as note:
+                note.write(str(status))
+        finally:
+            real_exit(status)
+
+    os._exit = exit_noting_status  # type: ignore[assignment]
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback from the user's first frame: raydist's own frames around
+    the call (this module, the script runner, runpy) are left out."""
+    tb: Optional[TracebackType] = error.__traceback__
+    machinery = (__file__, os.path.join(os.path.dirname(__file__), "script.py"))
+    while tb is not None and tb.tb_next is not None and (
+        tb.tb_frame.f_code.co_filename in machinery or "runpy" in tb.tb_frame.f_code.co_filename
+    ):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
+
+
+def _error_file_report(started: float) -> Optional[str]:
+    """What a ``@record``-decorated script wrote to TORCHELASTIC_ERROR_FILE
+    during this call (torchrun shows this instead of its own traceback)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or not os.path.isfile(path) or os.path.getmtime(path) < started:
+        return None
+    try:
+        with open(path) as file:
+            data = json.load(file)
+        message = data["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        stack = str((message.get("extraInfo") or {}).get("py_callstack", "")).rstrip()
+        return f"{stack}\n(error file {path}: {text})" if stack else f"{text}\n(error file {path})"
+    return f"{message}\n(error file {path})"
+
+
 def _exit_code(code: Any) -> int:
     if code is None:
         return 0
@@ -57,6 +119,7 @@ class RayWorker:
     def __init__(self, accelerator_resource: Optional[str]):
         self._accelerator_resource = accelerator_resource
         self._worker: Optional[WorkerInfo] = None
+        self._returned_type = ""  # of the last value returned, named if it cannot travel
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -64,6 +127,8 @@ class RayWorker:
     def describe(self, index: int) -> Placement:
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
+        evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist"))
+        _leave_evidence(evidence)
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -71,6 +136,7 @@ class RayWorker:
             pid=os.getpid(),
             accelerator_ids=tuple(str(i) for i in ids),
             free_port=find_free_port(),
+            evidence=evidence,
         )
 
     def setup(
@@ -85,17 +151,24 @@ class RayWorker:
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={worker.rank}", file=stream, flush=True)
         os.environ.update(env)
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            # torch's @record writes the file but does not create its directory.
+            os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
         if object_store_threshold is not None:
             collectives.set_large_object_transport(RayObjectStoreTransport(object_store_threshold))
         if init_kwargs is None:
             return None
         return init_distributed(**init_kwargs)
 
+    @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:
         """Run ``fn(*args, **kwargs)`` pickled as one blob by the driver."""
+        started = time.time()
         try:
             fn, args, kwargs = ray.cloudpickle.loads(call)
-            return Outcome(value=fn(*args, **kwargs))
+            value = fn(*args, **kwargs)
+            self._returned_type = f"{type(value).__module__}.{type(value).__qualname__}"
+            return Outcome(value=value)
         except SystemExit as stop:
             code = _exit_code(stop.code)
             return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
@@ -105,7 +178,7 @@ class RayWorker:
             except Exception:
                 pickled = None
             return Outcome(
-                traceback=traceback.format_exc(),
+                traceback=_error_file_report(started) or _user_traceback(error),
                 exception_type=type(error).__name__,
                 exception=pickled,
                 timestamp=time.time(),
@@ -113,6 +186,10 @@ class RayWorker:
 
     def ping(self) -> int:
         return os.getpid()
+
+    def returned_type(self) -> str:
+        """The type of the value the last call returned (asked when it could not be sent)."""
+        return self._returned_type
 
     def teardown(self) -> None:
         collectives.set_large_object_transport(None)

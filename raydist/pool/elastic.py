@@ -1,0 +1,127 @@
+"""Elastic worker groups: how many workers to start, how ranks survive a
+restart, and a watcher that acts on node drains and new capacity.
+
+The rules are pure functions (tested without Ray); ``GroupWatcher`` is the
+thread that applies them to a live group.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:
+    from raydist.pool.layout import WorkerInfo
+
+logger = logging.getLogger("raydist")
+
+# How often the watcher looks at drains and free capacity.
+WATCH_INTERVAL_S = 1.0
+
+
+def workers_that_fit(bundle: Mapping[str, float], free_per_node: Sequence[Mapping[str, float]], strategy: str) -> int:
+    """How many workers of ``bundle`` fit in ``free_per_node`` under ``strategy``
+    (all bundles are equal, so counting per node is exact)."""
+    fits = [int(min(free.get(name, 0.0) // amount for name, amount in bundle.items())) for free in free_per_node]
+    if strategy == "STRICT_PACK":
+        return max(fits, default=0)
+    if strategy == "STRICT_SPREAD":
+        return sum(1 for fit in fits if fit >= 1)
+    return sum(fits)
+
+
+def elastic_size(min_workers: int, max_workers: int, fit_now: int) -> Optional[int]:
+    """As many workers as fit now, up to ``max_workers``; None below ``min_workers``."""
+    size = min(max_workers, fit_now)
+    return size if size >= min_workers else None
+
+
+def surviving_node_order(previous: Sequence[str], alive: Sequence[str]) -> List[str]:
+    """The previous attempt's node order without the nodes that left: ranks
+    on a surviving node move only when a node before it left. New nodes
+    follow, in the order the new layout gives them."""
+    live = set(alive)
+    return [node for node in previous if node in live]
+
+
+@dataclass(frozen=True)
+class RestartReason:
+    """Why a group is restarted, for the one line each restart logs."""
+
+    kind: str  # "failure", "node lost", "preemption", "scale-up"
+    detail: str
+    counted: bool  # against max_restarts
+
+
+def restart_line(reason: RestartReason, old_size: int, attempt: int, max_restarts: int, restarts_used: int) -> str:
+    """One line per restart: why, the old world size, and which attempt of how many counted."""
+    budget = f"restart {restarts_used} of {max_restarts}" if reason.counted else "not counted against max_restarts"
+    return (
+        f"raydist: {reason.kind}: {reason.detail}; world size was {old_size}; "
+        f"starting attempt {attempt} ({budget})"
+    )
+
+
+class GroupWatcher:
+    """Polls Ray while a group lives: warns the ranks on a node that starts
+    draining (once per node), and reports when the cluster could host more
+    workers (for ``restart_to_grow``)."""
+
+    def __init__(
+        self,
+        workers: Sequence["WorkerInfo"],
+        on_drain: Callable[[str, float, List[int]], None],
+        on_room_to_grow: Optional[Callable[[int], None]] = None,
+        room_to_grow: Optional[Callable[[], int]] = None,
+        interval: float = WATCH_INTERVAL_S,
+    ):
+        self._ranks_by_node: Dict[str, List[int]] = {}
+        for worker in workers:
+            self._ranks_by_node.setdefault(worker.node_id, []).append(worker.rank)
+        self._on_drain = on_drain
+        self._on_room_to_grow = on_room_to_grow
+        self._room_to_grow = room_to_grow
+        self._interval = interval
+        self._warned: Dict[str, float] = {}  # node id -> deadline (seconds since the epoch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raydist-group-watcher", daemon=True)
+
+    def start(self) -> "GroupWatcher":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self._interval + 5)
+
+    def _run(self) -> None:
+        from raydist.pool import ray_private
+
+        while not self._stop.wait(self._interval):
+            try:
+                self._look(ray_private.draining_nodes())
+            except Exception as error:  # noqa: BLE001 - a watcher must not die of one bad poll
+                if self._stop.is_set():
+                    return
+                logger.debug("raydist: group watcher poll failed: %s", error)
+
+    def _look(self, drains: Mapping[str, float]) -> None:
+        for node_id, deadline in drains.items():
+            if node_id in self._ranks_by_node and node_id not in self._warned and not self._stop.is_set():
+                self._warned[node_id] = deadline
+                self._on_drain(node_id, deadline, self._ranks_by_node[node_id])
+        if self._room_to_grow is not None and self._on_room_to_grow is not None and not self._stop.is_set():
+            more = self._room_to_grow()
+            if more > 0:
+                self._stop.set()  # one restart is enough
+                self._on_room_to_grow(more)
+
+
+def deadline_text(deadline: float) -> str:
+    return "no deadline" if math.isinf(deadline) else f"deadline in {max(0.0, deadline - time.time()):.0f} s"
+

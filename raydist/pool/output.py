@@ -1,0 +1,266 @@
+"""Worker output on the driver: each rank's forwarded lines go to its log
+files and the console (see ``logs``), and a call returns only once the lines
+its ranks printed during it have arrived.
+
+Ray redirects every worker's fd 1 and 2 to files; a log monitor on each node
+tails them and forwards the lines to the driver, asynchronously. So a worker
+notes the size of both files before a call; when a stream grew (or the call
+failed), it ends that stream with a marker line ``<token> <call number>``.
+The marker travels behind the call's lines through the same file, so once
+the driver has seen it, every earlier line has been printed. A call that
+prints nothing writes no marker and waits for none: warm calls stay as fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from raydist.pool.layout import WorkerInfo
+from raydist.pool.logs import RankLog, RankRoute, console_prefix
+from raydist.pool.ray_private import warn_once, wrap_worker_output_printer
+
+logger = logging.getLogger("raydist")
+
+# Set on every worker (to the driver's token) when the driver follows the markers.
+MARKER_VAR = "RAYDIST_OUTPUT_MARKER"
+# How long a call waits for its output to arrive; the log monitor polls every 0.1 s.
+DRAIN_TIMEOUT_S = 5.0
+# Ray's line for its experimental distributed tqdm: left to Ray's printer.
+_RAY_TQDM_MAGIC = "__ray_tqdm_magic_token__"
+
+Key = Tuple[Optional[str], str]  # (node IP, pid) as Ray's log monitor names a worker (the pid as text)
+Printer = Callable[[Dict[str, Any]], None]
+
+# -- worker side ------------------------------------------------------------
+
+_calls = itertools.count()  # one actor per process: this numbers its calls as the driver does
+
+
+@dataclass(frozen=True)
+class Printed:
+    """A call's value from a rank whose streams got a marker after the call."""
+
+    value: Any
+    call: int
+    streams: Tuple[bool, bool]  # (stdout, stderr)
+
+
+def _flushed_sizes() -> Tuple[int, int]:
+    """The sizes of the files behind fd 1 and 2 (-1: unknown), Python's buffers flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream must not fail the call
+            pass
+    sizes = []
+    for fd in (1, 2):
+        try:
+            sizes.append(os.fstat(fd).st_size)
+        except OSError:
+            sizes.append(-1)
+    return sizes[0], sizes[1]
+
+
+def _write_markers(token: str, call: int, streams: Tuple[bool, bool]) -> None:
+    line = f"{token} {call}\n".encode()
+    for fd, marked in zip((1, 2), streams):
+        if marked:
+            try:
+                os.write(fd, line)  # the descriptor itself, whatever the code did to sys.stdout
+            except OSError:
+                pass
+
+
+def marks_output(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Wrap a worker's ``execute(call) -> Outcome``: after a call that printed,
+    mark the streams it printed on and wrap the value in ``Printed``; after a
+    failed call, mark both (the driver cannot be told which)."""
+
+    @functools.wraps(execute)
+    def run(self: Any, call: Any) -> Any:
+        number = next(_calls)
+        token = os.environ.get(MARKER_VAR)
+        if not token:
+            return execute(self, call)
+        before = _flushed_sizes()
+        outcome = execute(self, call)
+        after = _flushed_sizes()
+        if not outcome.ok:
+            _write_markers(token, number, (True, True))  # a failure's Outcome cannot say which grew
+            return outcome
+        streams = (after[0] > before[0] >= 0, after[1] > before[1] >= 0)
+        if not any(streams):
+            return outcome
+        _write_markers(token, number, streams)
+        return dataclasses.replace(outcome, value=Printed(outcome.value, number, streams))
+
+    return run
+
+
+# -- driver side ------------------------------------------------------------
+
+
+class OutputRouter:
+    """Ray's printer of worker lines, wrapped once per Ray session: lines of
+    attached raydist ranks go to their files and the console; everything
+    else goes to Ray's own printer unchanged."""
+
+    _instance: Optional["OutputRouter"] = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.token = f"raydist-output-end-{uuid.uuid4().hex}"
+        self._changed = threading.Condition()
+        self._ranks: Dict[Key, RankLog] = {}
+        self._marks: Dict[Tuple[Key, bool], int] = {}  # the last call marked, per stream
+        self._print: Optional[Printer] = None
+
+    @classmethod
+    def install(cls) -> Optional["OutputRouter"]:
+        """The router, wrapped around this Ray session's printer; None where
+        Ray forwards no worker output here (``log_to_driver=False``, Ray Client)."""
+        with cls._instance_lock:
+            router = cls._instance or cls()
+            if not wrap_worker_output_printer(router._wrap):
+                return None
+            cls._instance = router
+            return router
+
+    def _wrap(self, printer: Printer) -> Printer:
+        if printer == self._handle:
+            return printer  # already wrapped in this session
+        self._print = printer
+        return self._handle
+
+    def attach(self, workers: Sequence[WorkerInfo], logs: Sequence[RankLog]) -> List[Key]:
+        keys: List[Key] = [(worker.node_ip, str(worker.pid)) for worker in workers]
+        with self._changed:
+            self._ranks.update(zip(keys, logs))
+        return keys
+
+    def detach(self, keys: Iterable[Key]) -> None:
+        with self._changed:
+            for key in keys:
+                self._ranks.pop(key, None)
+                for is_err in (False, True):
+                    self._marks.pop((key, is_err), None)
+
+    def wait(self, expected: Sequence[Tuple[Key, bool, int]], timeout: float = DRAIN_TIMEOUT_S) -> bool:
+        """Until every ``(key, is_err, call)`` marker has arrived, or ``timeout``."""
+        if not expected:
+            return True
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: all(self._marks.get((key, is_err), -1) >= call for key, is_err, call in expected), timeout
+            )
+
+    def _handle(self, data: Dict[str, Any]) -> None:
+        try:
+            routed = self._route(data)
+        except Exception as error:  # noqa: BLE001 - Ray's log thread must live on
+            warn_once("route", f"cannot route worker output ({type(error).__name__}: {error}); Ray prints it")
+            routed = False
+        if not routed and self._print is not None:
+            self._print(data)
+
+    def _route(self, data: Dict[str, Any]) -> bool:
+        """Send an attached rank's lines where its route says; False for other lines."""
+        key = (data.get("ip"), str(data.get("pid")))
+        with self._changed:
+            log = self._ranks.get(key)
+        if log is None:
+            return False
+        is_err = bool(data.get("is_err"))
+        lines, marked, tqdm = self._split(data.get("lines") or [])
+        if tqdm and self._print is not None:
+            self._print(dict(data, lines=tqdm))
+        log.write(lines, is_err)
+        route = log.route.stream(is_err)
+        if route.console and lines:
+            ip = None if data.get("ip") == data.get("localhost") else data.get("ip")
+            _to_console(lines, log.route, data.get("pid"), ip, sys.stderr if is_err else sys.stdout)
+        if marked is not None:
+            with self._changed:
+                self._marks[(key, is_err)] = max(marked, self._marks.get((key, is_err), -1))
+                self._changed.notify_all()
+        return True
+
+    def _split(self, lines: Sequence[str]) -> Tuple[List[str], Optional[int], List[str]]:
+        """The output lines, the last call number marked, and Ray's tqdm lines."""
+        kept: List[str] = []
+        tqdm: List[str] = []
+        marked: Optional[int] = None
+        for line in lines:
+            if self.token in line:
+                before, _, after = line.partition(self.token)
+                if before:  # the code's last line had no newline
+                    kept.append(before)
+                try:
+                    marked = int(after.split()[0])
+                except (IndexError, ValueError):
+                    pass  # mangled in transit: the wait times out instead
+            elif _RAY_TQDM_MAGIC in line:
+                tqdm.append(line)
+            else:
+                kept.append(line)
+        return kept, marked, tqdm
+
+
+def _to_console(lines: Sequence[str], route: RankRoute, pid: Any, ip: Optional[str], stream: Any) -> None:
+    try:
+        colour = bool(stream.isatty())
+    except Exception:  # noqa: BLE001 - a replaced stream without isatty
+        colour = False
+    prefix = console_prefix(route, pid, ip, colour)
+    stream.write("".join(f"{prefix}{line}\n" for line in lines))
+    stream.flush()
+
+
+class GroupOutput:
+    """One worker group's share of the router: its ranks' log files, the
+    environment that turns markers on, and the wait after each call."""
+
+    def __init__(self, workers: Sequence[WorkerInfo], routes: Sequence[RankRoute], router: Optional[OutputRouter]):
+        self._router = router
+        self._logs = [RankLog(route) for route in routes]
+        self._keys = router.attach(workers, self._logs) if router is not None else []
+
+    def worker_env(self) -> Dict[str, str]:
+        # Empty without a router: a group started inside a worker must not
+        # inherit its outer group's token and mark lines nobody reads.
+        return {MARKER_VAR: self._router.token if self._router is not None else ""}
+
+    def settle(self, call: int, results: Sequence[Any], failed_ranks: Sequence[int] = ()) -> List[Any]:
+        """The values without their ``Printed`` wrapping, once the output of
+        call ``call`` has arrived: the streams each rank marked, and both
+        streams of each rank in ``failed_ranks`` (ranks that raised or exited;
+        a dead one marks nothing)."""
+        values = [value.value if isinstance(value, Printed) else value for value in results]
+        if self._router is None:
+            return values
+        expected: List[Tuple[Key, bool, int]] = [
+            (self._keys[rank], bool(is_err), value.call)
+            for rank, value in enumerate(results)
+            if isinstance(value, Printed)
+            for is_err, marked in enumerate(value.streams)
+            if marked
+        ]
+        expected += [(self._keys[rank], is_err, call) for rank in failed_ranks for is_err in (False, True)]
+        if not self._router.wait(expected):
+            logger.warning("raydist: some output of call %d had not arrived after %.0f s; it may print later", call, DRAIN_TIMEOUT_S)
+        return values
+
+    def close(self) -> None:
+        if self._router is not None:
+            self._router.detach(self._keys)
+        for log in self._logs:
+            log.close()

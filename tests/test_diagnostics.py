@@ -1,0 +1,216 @@
+"""Every failure explained: why a rank's process died (on whichever node),
+where a hung rank is, what a @record script wrote, a value that cannot come
+back, and a cancelled call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional
+
+import pytest
+import torch.distributed as dist
+from conftest import live_placement_groups, live_raydist_actors
+
+import raydist
+from raydist.pool.diagnostics import explain_death, format_stacks, ranks_text, summarize_stack
+
+pytestmark = pytest.mark.timeout(180)
+
+# -- pure: evidence into words -------------------------------------------------
+
+RAY_TEXT = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
+
+
+@pytest.mark.parametrize(
+    "tail, code, alive, expected",
+    [
+        ("x\nFatal Python error: Aborted\n", None, True, "killed by SIGABRT"),
+        ("*** SIGSEGV received at time=1 on cpu 0 ***", None, True, "killed by SIGSEGV"),
+        ("Fatal Python error: Bus error", None, True, "killed by SIGBUS"),
+        ("last words", 7, True, "exited with status 7 (os._exit)"),
+        ("", None, False, "its node died or left the cluster"),
+        ("", None, True, "SIGKILL"),
+    ],
+)
+def test_explain_death(tail: str, code: Optional[int], alive: bool, expected: str) -> None:
+    assert expected in explain_death(RAY_TEXT, tail, code, alive)
+
+
+def test_ray_memory_monitor_is_named() -> None:
+    text = "Task was killed due to the node running low on memory."
+    assert "OOM" in explain_death(text, "", None, True)
+
+
+def test_ranks_text_folds_spans() -> None:
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([8, 0, 1, 2, 3, 4, 5, 6, 10, 11]) == "ranks 0-6, 8, 10-11"
+
+
+WORKER = os.path.join("site-packages", "raydist", "pool", "worker.py")
+DUMP_IN_BARRIER = f'''Thread 0x00007f0000000001 (most recent call first):
+  File "/x/threading.py", line 320 in wait
+  File "/x/site-packages/ray/_private/worker.py", line 900 in other
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4810 in barrier
+  File "/home/me/train.py", line 88 in step
+  File "/x/{WORKER}", line 172 in execute
+  File "/x/site-packages/ray/_private/function_manager.py", line 740 in actor_method_executor
+'''
+DUMP_IN_USER_CODE = f'''Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/me/train.py", line 12 in load_batch
+  File "/home/me/train.py", line 90 in step
+  File "/x/{WORKER}", line 172 in execute
+'''
+
+
+def test_summarize_finds_the_call_and_the_user_line() -> None:
+    summary = summarize_stack(DUMP_IN_BARRIER)
+    assert summary.where == "in barrier at distributed_c10d.py:4810, from step at train.py:88"
+    assert summary.in_collective
+    assert summary.frames[0] == 'File "/home/me/train.py", line 88, in step'
+    assert not summarize_stack(DUMP_IN_USER_CODE).in_collective
+
+
+def test_format_groups_identical_stacks_and_marks_the_odd_rank() -> None:
+    dumps: Dict[int, Optional[str]] = {r: DUMP_IN_BARRIER for r in range(64) if r != 7}
+    dumps[7] = DUMP_IN_USER_CODE
+    text = format_stacks(dumps)
+    assert "ranks 0-6, 8-63: in barrier at distributed_c10d.py:4810, from step at train.py:88" in text
+    assert "rank 7: in load_batch at train.py:12  <-- differs" in text
+    assert text.count("<-- differs") == 1
+
+
+# -- live: a rank's process dies -----------------------------------------------
+
+
+def die_on_rank_one(how: str) -> None:
+    if dist.get_rank() == 1:
+        print(f"rank 1 last words before {how}", file=sys.stderr, flush=True)
+        if how == "abort":
+            os.abort()
+        elif how == "exit":
+            os._exit(7)
+        elif how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)  # as from outside: nothing can catch it
+    threading.Event().wait()
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize(
+    "how, cause",
+    [("abort", "killed by SIGABRT"), ("exit", "exited with status 7 (os._exit)"), ("sigkill", "SIGKILL")],
+)
+def test_a_dead_rank_is_reported_with_its_cause_and_last_stderr_lines(how: str, cause: str) -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(die_on_rank_one, num_workers=2, args=(how,), resources_per_worker={"CPU": 0.5})
+    error = caught.value
+    assert error.root_cause.rank == 1 and error.crashed
+    assert cause in (error.root_cause.died or ""), str(error)
+    assert f"rank 1 last words before {how}" in (error.root_cause.output or ""), str(error)
+    message = str(error)
+    assert "root cause: rank 1 on node" in message and f"last words before {how}" in message
+    assert live_raydist_actors() == [] and live_placement_groups() == []
+
+
+# -- live: where hung ranks are ------------------------------------------------
+
+
+def rank_one_stuck_in_python() -> None:
+    if dist.get_rank() == 1:
+        def waiting_for_a_file_that_never_comes() -> None:
+            threading.Event().wait()
+
+        waiting_for_a_file_that_never_comes()
+    dist.barrier()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.WorkerGroupTimeout) as caught:
+        raydist.run(rank_one_stuck_in_python, num_workers=2, timeout=5, resources_per_worker={"CPU": 0.5})
+    assert time.monotonic() - start < 5 + 15
+    stacks = caught.value.stacks
+    assert "rank 0: in barrier" in stacks, stacks
+    rank_one = stacks.split("rank 1:")[1]
+    assert rank_one.startswith(" in wait at threading.py") and "from waiting_for_a_file_that_never_comes at test_diagnostics.py" in rank_one, stacks
+    assert "<-- differs" in rank_one and "<-- differs" not in stacks.split("rank 1:")[0], stacks
+    assert "rank 0: in barrier" in str(caught.value)
+    assert live_raydist_actors() == [] and live_placement_groups() == []
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_stacks_of_a_live_group_without_stopping_it() -> None:
+    with raydist.WorkerGroup(2, resources_per_worker={"CPU": 0.5}) as group:
+        future = group.submit(rank_one_stuck_in_python)
+        text = group.stacks()
+        for _ in range(50):  # the call may not have reached its wait yet: ask until both are there
+            if "rank 0: in barrier" in text and "from waiting_for_a_file_that_never_comes" in text:
+                break
+            text = group.stacks()
+        assert "rank 0: in barrier" in text and "from waiting_for_a_file_that_never_comes" in text, text
+        assert not future.done()  # still running: stacks() stopped nothing
+        assert future.cancel()
+        with pytest.raises(raydist.WorkerCallCancelled):
+            future.result()
+    assert live_raydist_actors() == []
+
+
+# -- live: values that cannot come back ----------------------------------------
+
+
+class Unpicklable:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def return_unpicklable_on_rank_one() -> Any:
+    return Unpicklable() if dist.get_rank() == 1 else 0
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_an_unpicklable_return_value_names_the_rank_and_type() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(return_unpicklable_on_rank_one, num_workers=2, resources_per_worker={"CPU": 0.5})
+    assert caught.value.failed_ranks == [1]
+    message = str(caught.value)
+    assert "the return value of rank 1 (a test_diagnostics.Unpicklable) cannot be pickled" in message, message
+    assert "\x1b[" not in message and "^^^" not in message
+
+
+def noop() -> None:
+    return None
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_horovod_rank_that_aborts_inside_hvd_init_is_reported_with_its_cause() -> None:
+    pytest.importorskip("horovod.torch")
+    # gloo aborts the process in hvd.init() when its interface does not exist.
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(noop, num_workers=2, backend="horovod", env={"HOROVOD_GLOO_IFACE": "nonexistent0"})
+    root = caught.value.root_cause
+    assert root.died == "killed by SIGABRT (aborted)", str(caught.value)
+    assert "Unable to find address for: nonexistent0" in (root.output or ""), str(caught.value)
+    assert live_raydist_actors() == [] and live_placement_groups() == []
+
+
+def raise_in_user_code() -> None:
+    def inner_helper() -> None:
+        raise KeyError("missing column")
+
+    inner_helper()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_traceback_starts_at_the_users_frame() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(raise_in_user_code, num_workers=1)
+    traceback = caught.value.root_cause.traceback or ""
+    frames = [line.strip() for line in traceback.splitlines() if line.strip().startswith("File ")]
+    assert frames[0].endswith("in raise_in_user_code") and frames[-1].endswith("in inner_helper"), traceback
+    assert "raydist" not in traceback.replace("test_diagnostics", "")

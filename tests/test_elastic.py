@@ -1,0 +1,272 @@
+"""Elastic worker groups on a simulated cluster (head + 2 nodes, 2 CPUs each):
+min:max sizes, surviving node loss, growing back, acting on a node drain.
+
+The ranks of a first attempt write a file when they run, so the test acts on
+the cluster (removes, adds or drains a node) only once the run is under way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+from conftest import REPO, live_placement_groups, start_cluster
+
+import raydist
+from raydist.pool.elastic import elastic_size, restart_line, RestartReason, surviving_node_order, workers_that_fit
+
+pytestmark = pytest.mark.timeout(240)
+
+NODE = {"num_cpus": 2}
+BIN = Path(sys.executable).parent
+
+
+# -- pure rules ----------------------------------------------------------------
+
+
+def test_workers_that_fit_by_strategy() -> None:
+    free = [{"CPU": 2.0}, {"CPU": 3.0}, {"CPU": 0.5}]
+    bundle = {"CPU": 1.0}
+    assert workers_that_fit(bundle, free, "PACK") == 5
+    assert workers_that_fit(bundle, free, "SPREAD") == 5
+    assert workers_that_fit(bundle, free, "STRICT_PACK") == 3
+    assert workers_that_fit(bundle, free, "STRICT_SPREAD") == 2
+    assert workers_that_fit({"CPU": 1.0, "GPU": 1.0}, [{"CPU": 4.0, "GPU": 1.0}], "PACK") == 1
+
+
+def test_elastic_size_is_what_fits_between_min_and_max() -> None:
+    assert elastic_size(2, 6, 9) == 6
+    assert elastic_size(2, 6, 4) == 4
+    assert elastic_size(2, 6, 1) is None
+
+
+def test_surviving_nodes_keep_their_order() -> None:
+    assert surviving_node_order(["a", "b", "c"], ["c", "a", "d"]) == ["a", "c"]
+
+
+def test_restart_line_says_why_and_how_many() -> None:
+    line = restart_line(RestartReason("node lost", "rank 3 on node abc: its node died", True), 6, 1, 2, 1)
+    assert line == (
+        "raydist: node lost: rank 3 on node abc: its node died; world size was 6; starting attempt 1 (restart 1 of 2)"
+    )
+    assert "not counted against max_restarts" in restart_line(RestartReason("preemption", "x", False), 6, 1, 0, 0)
+
+
+# -- on a live cluster ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    yield start_cluster([NODE, NODE, NODE])
+
+
+def node_ids_in_order(cluster: Any) -> List[str]:
+    head = ray.get_runtime_context().get_node_id()
+    return [head] + [node.node_id for node in cluster.list_all_nodes() if node.node_id != head]
+
+
+def where(marker_dir: Optional[str] = None) -> Dict[str, Any]:
+    """This rank's view of the world; on a first attempt with ``marker_dir``,
+    announce the run and keep all-reducing until the group is torn down."""
+    info: Dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "world": int(os.environ["WORLD_SIZE"]),
+        "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_rank": int(os.environ["GROUP_RANK"]),
+    }
+    if marker_dir is not None and info["restart_count"] == 0:
+        Path(marker_dir, f"rank-{info['rank']}.json").write_text(json.dumps(info))
+        while True:
+            dist.all_reduce(torch.ones(1))
+    return info
+
+
+def wait_for_files(directory: Path, count: int, timeout: float = 120) -> List[Dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while len(list(directory.glob("rank-*.json"))) < count:
+        assert time.monotonic() < deadline, f"only {len(list(directory.glob('rank-*.json')))} of {count} ranks started"
+        time.sleep(0.1)  # polling files the ranks write, with a deadline
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("rank-*.json"))]
+
+
+def wait_until_idle(timeout: float = 30) -> None:
+    """Until every alive node's CPUs show as free (Ray frees a torn-down group's a moment later)."""
+    from raydist.pool.ray_private import available_resources_per_node
+
+    deadline = time.monotonic() + timeout
+    while True:
+        totals = {n["NodeID"]: n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]}
+        free = available_resources_per_node()
+        if all(free.get(node, {}).get("CPU", 0) >= cpus for node, cpus in totals.items()):
+            return
+        assert time.monotonic() < deadline, f"cluster not idle: free {free}"
+        time.sleep(0.1)  # polling Ray's view, with a deadline
+
+
+def run_in_thread(idle_first: bool = True, **options: Any) -> Dict[str, Any]:
+    if idle_first:
+        wait_until_idle()
+    outcome: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["results"] = raydist.run(where, **options)
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            outcome["error"] = error
+
+    outcome["thread"] = threading.Thread(target=target)
+    outcome["thread"].start()
+    return outcome
+
+
+def finish(outcome: Dict[str, Any], timeout: float = 180) -> List[Dict[str, Any]]:
+    outcome["thread"].join(timeout)
+    assert not outcome["thread"].is_alive(), "the run did not finish"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["results"]
+
+
+def test_min_max_starts_as_many_as_fit(cluster: Any) -> None:
+    wait_until_idle()
+    results = raydist.run(where, num_workers=(2, 6))
+    assert [r["world"] for r in results] == [6] * 6
+    assert len({r["node_id"] for r in results}) == 3
+
+
+def test_min_that_can_never_fit_fails_at_once(cluster: Any) -> None:
+    start = time.monotonic()
+    with pytest.raises(raydist.InfeasibleResourcesError, match="7 workers"):
+        raydist.run(where, num_workers=(7, 9))
+    assert time.monotonic() - start < 10
+
+
+def test_min_that_fits_only_later_waits_with_progress_then_starts(cluster: Any, capfd: pytest.CaptureFixture) -> None:
+    wait_until_idle()
+    blocker = raydist.WorkerGroup(4)  # leaves room for 2
+    outcome = run_in_thread(idle_first=False, num_workers=(4, 6), startup_timeout=120)
+    deadline = time.monotonic() + 60
+    seen = ""
+    while "raydist: workers placed" not in seen:  # the progress bar appears after a few seconds
+        assert time.monotonic() < deadline, "no progress shown while waiting"
+        seen += capfd.readouterr().err
+        time.sleep(0.2)  # polling the captured output, with a deadline
+    assert outcome["thread"].is_alive()  # still waiting for room for 4
+    blocker.shutdown()
+    results = finish(outcome)
+    assert len(results) >= 4 and {r["world"] for r in results} == {len(results)}
+
+
+def test_losing_a_node_restarts_with_the_workers_that_fit(cluster: Any, tmp_path: Path) -> None:
+    order = node_ids_in_order(cluster)
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), max_restarts=1)
+    first = wait_for_files(tmp_path, 6)
+    first_order = [r["node_id"] for r in sorted(first, key=lambda r: r["rank"])]
+    middle = list(dict.fromkeys(first_order))[1]  # a node with survivors after it
+    victim = next(node for node in cluster.list_all_nodes() if node.node_id == middle)
+    cluster.remove_node(victim)
+    results = finish(outcome)
+    assert [r["world"] for r in results] == [4] * 4
+    assert {r["restart_count"] for r in results} == {1}
+    survivors = [node for node in dict.fromkeys(first_order) if node != middle]
+    assert list(dict.fromkeys(r["node_id"] for r in results)) == survivors  # same order, the gap closed
+    assert order[0] == survivors[0]  # the driver's node stays first
+
+
+def test_a_node_that_joins_is_used_after_a_restart_to_grow(cluster: Any, tmp_path: Path) -> None:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert len(alive) == 2, "runs after the node-loss test"
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), restart_to_grow=True)
+    wait_for_files(tmp_path, 4)
+    cluster.add_node(**NODE)
+    results = finish(outcome)
+    assert [r["world"] for r in results] == [6] * 6
+    assert {r["restart_count"] for r in results} == {1}
+
+
+def preemptible(marker_dir: str) -> Dict[str, Any]:
+    """Like ``where``, but a first-attempt rank that gets SIGTERM records what
+    raydist.preemption_requested() said, as a checkpointing handler would."""
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0:
+        def on_sigterm(signum: int, frame: Any) -> None:
+            Path(marker_dir, f"preempted-{dist.get_rank()}.json").write_text(
+                json.dumps({"deadline": raydist.preemption_requested(), "at": time.time()})
+            )
+            sys.exit(1)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return where(marker_dir)
+
+
+def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: Any, tmp_path: Path) -> None:
+    outcome: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["results"] = raydist.run(preemptible, args=(str(tmp_path),), num_workers=(2, 6), max_restarts=0)
+        except BaseException as error:  # noqa: BLE001
+            outcome["error"] = error
+
+    wait_until_idle()
+    outcome["thread"] = threading.Thread(target=target)
+    outcome["thread"].start()
+    first = wait_for_files(tmp_path, 6)
+    head = ray.get_runtime_context().get_node_id()
+    drained = next(r["node_id"] for r in first if r["node_id"] != head)
+    ranks_there = sorted(r["rank"] for r in first if r["node_id"] == drained)
+    command = [
+        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", drained,
+        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+        "--deadline-remaining-seconds", "20",
+    ]
+    drained_at = time.time()
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    results = finish(outcome)
+    warned = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("preempted-*.json")}
+    assert sorted(warned) == ranks_there
+    for note in warned.values():
+        assert 15 <= note["deadline"] - drained_at <= 25  # the drain's deadline
+        assert note["at"] < drained_at + 20  # warned before the node goes
+    assert [r["world"] for r in results] == [4] * 4 and {r["restart_count"] for r in results} == {1}
+    assert drained not in {r["node_id"] for r in results}
+    assert live_placement_groups() == []
+
+
+def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path) -> None:
+    script = tmp_path / "world.py"
+    script.write_text(
+        "import os, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print(f\"rank {dist.get_rank()} world {dist.get_world_size()} restart {os.environ['TORCHELASTIC_RESTART_COUNT']}\", flush=True)\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    alive = sum(1 for n in ray.nodes() if n["Alive"] and n["NodeID"] not in _draining())
+    for nnodes, expected in (("1:3", 2 * alive), ("2", 4)):
+        wait_until_idle()
+        result = subprocess.run(
+            [sys.executable, "-m", "raydist", "run", "--address", cluster.address, "--nnodes", nnodes, "-n", "2",
+             "--accelerator", "cpu", str(script)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.count(f"world {expected} restart 0") == expected, result.stdout + result.stderr
+
+
+def _draining() -> Dict[str, float]:
+    from raydist.pool.ray_private import draining_nodes
+
+    return draining_nodes()

@@ -1,0 +1,191 @@
+"""Per-rank logs and the driver's output.
+
+The routing rules are checked against torch's own implementation
+(``Std.from_str``, ``DefaultLogsSpecs.reify``) without Ray; the driver's
+output is checked end to end in a subprocess with a Ray of its own, whose
+stdout and stderr are pipes (so also: no colour codes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, Optional, Set
+
+import pytest
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+from test_cli import REPO, cli_env, explain, ray_tmpdir  # noqa: F401 - fixtures
+
+from raydist.config import RunConfig, parse_local_ranks, parse_std
+from raydist.pool.layout import WorkerInfo
+from raydist.pool.logs import RankLog, RunLogs, console_prefix, line_prefix, rank_route
+
+CODES = ["0", "1", "2", "3", "0:1", "1:2", "0:3,1:1", "0:2,2:3"]
+
+
+def torch_codes(value: Any, nprocs: int) -> Dict[int, int]:
+    parsed = Std.from_str(value)
+    return {rank: int(parsed if isinstance(parsed, Std) else parsed.get(rank, Std.NONE)) for rank in range(nprocs)}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("value", CODES)
+def test_stream_codes_parse_as_torchrun_parses_them(value: str) -> None:
+    ours = parse_std("redirects", value)
+    for rank in range(3):
+        assert (ours if isinstance(ours, int) else ours.get(rank, 0)) == torch_codes(value, 3)[rank]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("value", ["4", "-1", "0:4", "a", "0:1,", "1,2", ""])
+def test_stream_codes_torchrun_refuses_are_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        Std.from_str(value)
+    with pytest.raises(ValueError, match="tee"):
+        RunConfig(tee=value)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "options, error, text",
+    [
+        ({"redirects": True}, TypeError, "redirects"),
+        ({"redirects": 4}, ValueError, "redirects"),
+        ({"redirects": {0: 5}}, ValueError, "redirects[0]"),
+        ({"redirects": {-1: 1}}, ValueError, "redirects key"),
+        ({"local_ranks_filter": "0,x"}, ValueError, "local_ranks_filter"),
+        ({"local_ranks_filter": [-1]}, ValueError, "local_ranks_filter"),
+        ({"local_ranks_filter": 0.5}, TypeError, "local_ranks_filter"),
+        ({"log_dir": 3}, TypeError, "log_dir"),
+        ({"log_dir": str(REPO / "README.md")}, ValueError, "not a directory"),
+    ],
+)
+def test_bad_log_options_are_named(options: Dict[str, Any], error: type, text: str) -> None:
+    with pytest.raises(error) as raised:
+        RunConfig(**options)
+    assert text in str(raised.value)
+
+
+@pytest.mark.timeout(30)
+def test_option_values_are_normalised() -> None:
+    config = RunConfig(redirects="0:1,1:2", tee=3, local_ranks_filter="1,0,1", log_dir=Path("logs"))
+    assert (config.redirects, config.tee, config.local_ranks_filter, config.log_dir) == ({0: 1, 1: 2}, 3, (0, 1), "logs")
+    assert parse_local_ranks("local_ranks_filter", "") is None  # torchrun's default: no filter
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("redirects", ["0", "3", "0:1,1:2"])
+@pytest.mark.parametrize("tee", ["0", "2", "1:3"])
+@pytest.mark.parametrize("shown", [None, {0}, {1, 2}])
+def test_routes_match_torchrun(redirects: str, tee: str, shown: Optional[Set[int]], tmp_path: Path) -> None:
+    """Which stream goes to which file and which reaches the console, rank by
+    rank, as torch's DefaultLogsSpecs decides it."""
+    nprocs = 3
+    envs = {rank: {"TORCHELASTIC_RUN_ID": "run", "TORCHELASTIC_RESTART_COUNT": "0"} for rank in range(nprocs)}
+    torch_dest = DefaultLogsSpecs(str(tmp_path), Std.from_str(redirects), Std.from_str(tee), shown).reify(envs)
+    attempt_dir = os.path.dirname(os.path.dirname(torch_dest.error_files[0]))
+    config = RunConfig(redirects=redirects, tee=tee, local_ranks_filter=shown)
+    for rank in range(nprocs):
+        route = rank_route(config, rank, rank, os.path.join(attempt_dir, str(rank)), None)
+        for stream, files, tees in ((route.stdout, torch_dest.stdouts, torch_dest.tee_stdouts), (route.stderr, torch_dest.stderrs, torch_dest.tee_stderrs)):
+            torch_file = files[rank] if files[rank] not in ("", os.devnull) else None
+            assert stream.file == torch_file, (rank, stream)
+            assert stream.console == (files[rank] == "" or rank in tees), (rank, stream)
+
+
+@pytest.mark.timeout(30)
+def test_prefix_template_and_default_prefix() -> None:
+    config = RunConfig()
+    route = rank_route(config, 5, 1, None, "[${role_name}${rank}/${local_rank}|${other}]:")
+    assert route.prefix == "[default5/1|${other}]:"  # torchrun's safe_substitute keeps unknown names
+    plain = rank_route(config, 5, 1, None, None)
+    assert console_prefix(plain, 42, None, colour=False) == "(rank=5 pid=42) "
+    assert console_prefix(plain, 42, "10.0.0.2", colour=False) == "(rank=5 pid=42, ip=10.0.0.2) "
+    assert "\x1b[" in console_prefix(plain, 42, None, colour=True)
+    assert console_prefix(route, 42, None, colour=True) == route.prefix  # as torchrun: no colour
+    assert line_prefix(None, 0, 0) is None
+
+
+def worker(rank: int, local_rank: int) -> WorkerInfo:
+    return WorkerInfo(
+        rank=rank, world_size=2, local_rank=local_rank, local_world_size=1, node_rank=rank, num_nodes=2,
+        node_id=f"node{rank}", node_ip=f"10.0.0.{rank}", pid=100 + rank, device_ids=(), visible_device_ids=(),
+        device_index=None, actor_index=rank,
+    )
+
+
+@pytest.mark.timeout(30)
+def test_run_logs_layout_across_attempts(tmp_path: Path) -> None:
+    logs = RunLogs(RunConfig(log_dir=str(tmp_path / "logs"), redirects="0:1"))
+    workers = [worker(0, 0), worker(1, 0)]  # two nodes: local rank 0 twice, directories by rank
+    routes = logs.attempt(0, workers)
+    assert logs.run_dir is not None and os.path.basename(logs.run_dir).startswith(f"{logs.run_id}_")
+    files = [RankLog(route) for route in routes]
+    files[1].write(["a", "b"], is_err=False)
+    files[1].write(["ignored: stderr is not redirected"], is_err=True)
+    for log in files:
+        log.close()
+    files[1].write(["after close"], is_err=False)  # a late line is dropped, not an error
+    run_dir = Path(logs.run_dir)
+    assert (run_dir / "attempt_0" / "1" / "stdout.log").read_text() == "a\nb\n"
+    assert (run_dir / "attempt_0" / "0" / "stdout.log").read_text() == ""
+    assert not (run_dir / "attempt_0" / "0" / "stderr.log").exists()
+    logs.attempt(1, workers)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["attempt_0", "attempt_1"]
+    (run_dir / "attempt_1" / "0" / "stale.log").write_text("from before")
+    logs.attempt(1, workers)  # an attempt directory is emptied, as torchrun's reify does
+    assert list((run_dir / "attempt_1" / "0").iterdir()) == []
+    assert RunLogs(RunConfig(local_ranks_filter=0)).attempt(0, workers)[0].stdout.file is None  # no files asked
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, ray, raydist
+
+    def last_line(call):
+        rank = raydist.get_context().rank
+        print(f"rank {rank} printed in call {call}")
+        print(f"rank {rank} warned in call {call}", file=sys.stderr)
+        return call
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    with raydist.WorkerGroup(2, accelerator="cpu") as group:
+        for call in range(CALLS):
+            assert group.run(last_line, args=(call,)) == [call, call]
+            print(f"driver: call {call} returned", flush=True)
+            print(f"driver: call {call} returned", file=sys.stderr, flush=True)
+    for call in range(CALLS, CALLS + RUNS):
+        assert raydist.run(last_line, args=(call,), num_workers=2, accelerator="cpu") == [call, call]
+        print(f"driver: call {call} returned", flush=True)
+        print(f"driver: call {call} returned", file=sys.stderr, flush=True)
+    """
+)
+
+
+def check_order(output: str, calls: int, worker_line: str) -> None:
+    """Each call's lines from both ranks come before the driver's line after it returned."""
+    lines = output.splitlines()
+    position = {line: index for index, line in enumerate(lines)}
+    for call in range(calls):
+        returned = position[f"driver: call {call} returned"]
+        for rank in (0, 1):
+            ours = [i for i, line in enumerate(lines) if line.endswith(worker_line.format(rank=rank, call=call))]
+            assert len(ours) == 1, (call, rank, output)
+            assert ours[0] < returned, f"rank {rank}'s line of call {call} came after run() returned:\n{output}"
+
+
+@pytest.mark.timeout(300)
+def test_every_line_arrives_before_run_returns(cli_env: Dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    calls, runs = 50, 2  # each raydist.run starts fresh workers (seconds each): 50 calls on a group, 2 runs
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.replace("CALLS", str(calls)).replace("RUNS", str(runs)))
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, explain(result)
+    check_order(result.stdout, calls + runs, "rank {rank} printed in call {call}")
+    check_order(result.stderr, calls + runs, "rank {rank} warned in call {call}")
+    assert re.search(r"^\(rank=1 pid=\d+\) rank 1 printed in call 0$", result.stdout, flags=re.M), result.stdout
+    assert "\x1b[" not in result.stdout + result.stderr, "colour codes in piped output"
