@@ -67,26 +67,28 @@ def restart_line(reason: RestartReason, old_size: int, attempt: int, max_restart
 
 
 class GroupWatcher:
-    """Polls Ray while a group lives: warns the ranks on a node that starts
-    draining (once per node), and reports when the cluster could host more
-    workers (for ``restart_to_grow``)."""
+    """Polls Ray while a group lives. When one of its nodes starts draining,
+    it warns the ranks there at once (``warn``), once per node; with a
+    ``room`` probe (``restart_to_grow``), it stops the group (``stop_group``)
+    when the cluster could host more of its workers."""
 
     def __init__(
         self,
         workers: Sequence["WorkerInfo"],
-        on_drain: Callable[[str, float, List[int]], None],
-        on_room_to_grow: Optional[Callable[[int], None]] = None,
-        room_to_grow: Optional[Callable[[], int]] = None,
+        warn: Callable[[List[int], float], None],
+        stop_group: Callable[[], None],
+        room: Optional[Callable[[], int]] = None,
         interval: float = WATCH_INTERVAL_S,
     ):
         self._ranks_by_node: Dict[str, List[int]] = {}
         for worker in workers:
             self._ranks_by_node.setdefault(worker.node_id, []).append(worker.rank)
-        self._on_drain = on_drain
-        self._on_room_to_grow = on_room_to_grow
-        self._room_to_grow = room_to_grow
+        self._warn = warn
+        self._stop_group = stop_group
+        self._room = room
         self._interval = interval
-        self._warned: Dict[str, float] = {}  # node id -> deadline (seconds since the epoch)
+        self.drained: Dict[str, float] = {}  # node id -> deadline (seconds since the epoch)
+        self.grow_by = 0  # set when it stopped the group to restart larger
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raydist-group-watcher", daemon=True)
 
@@ -112,14 +114,24 @@ class GroupWatcher:
 
     def _look(self, drains: Mapping[str, float]) -> None:
         for node_id, deadline in drains.items():
-            if node_id in self._ranks_by_node and node_id not in self._warned and not self._stop.is_set():
-                self._warned[node_id] = deadline
-                self._on_drain(node_id, deadline, self._ranks_by_node[node_id])
-        if self._room_to_grow is not None and self._on_room_to_grow is not None and not self._stop.is_set():
-            more = self._room_to_grow()
+            if node_id in self._ranks_by_node and node_id not in self.drained and not self._stop.is_set():
+                self.drained[node_id] = deadline
+                ranks = self._ranks_by_node[node_id]
+                logger.warning("raydist: node %s is draining (%s): warning %s", node_id[:12], deadline_text(deadline), _ranks(ranks))
+                self._warn(ranks, deadline)
+        if self._room is not None and not self._stop.is_set():
+            more = self._room()
             if more > 0:
                 self._stop.set()  # one restart is enough
-                self._on_room_to_grow(more)
+                self.grow_by = more
+                logger.warning("raydist: room for %d more worker(s): stopping the group to restart it larger", more)
+                self._stop_group()
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    from raydist.pool.diagnostics import ranks_text
+
+    return ranks_text(ranks)
 
 
 def deadline_text(deadline: float) -> str:

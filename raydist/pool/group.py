@@ -11,7 +11,6 @@ killed, not waited for.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -26,9 +25,8 @@ from raydist.core.accelerators import Accelerator
 from raydist.core.initialize import DistInfo
 from raydist.pool.backend_hooks import GroupHooks, group_hooks
 from raydist.pool.connect import connect, connected_session
-from raydist.pool import ray_private
-from raydist.pool.diagnostics import ask_agents, explain_deaths, format_stacks, ranks_text, start_agents
-from raydist.pool.elastic import GroupWatcher, deadline_text, workers_that_fit
+from raydist.pool.diagnostics import ask_agents, explain_deaths, format_stacks, start_agents
+from raydist.pool.elastic import GroupWatcher
 from raydist.pool.errors import (
     InfeasibleResourcesError,
     WorkerCallCancelled,
@@ -40,13 +38,11 @@ from raydist.pool.errors import (
 from raydist.pool.layout import Placement, WorkerInfo, assign_ranks, worker_env
 from raydist.pool.logs import RunLogs, wants_files
 from raydist.pool.output import GroupOutput, OutputRouter
-from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, usable_nodes, worker_bundle
+from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, room_for, worker_bundle
 from raydist.pool.waiting import wait_for_ranks
 from raydist.pool.worker import RayWorker
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
-
-logger = logging.getLogger("raydist")
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
@@ -145,8 +141,6 @@ class WorkerGroup:
         self._node_order = tuple(node_order)  # a restart keeps the surviving nodes' order
         self._bundle: Dict[str, float] = {}
         self._watcher: Optional[GroupWatcher] = None
-        self._grow_by = 0  # set when the group stops to restart larger (restart_to_grow)
-        self._drained: Dict[str, float] = {}  # this group's nodes Ray started draining -> deadline
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
         try:
@@ -182,7 +176,7 @@ class WorkerGroup:
         threshold = config.object_store_threshold
         setups = [actor.setup.remote(w, env, init_kwargs, threshold) for w, actor, env in zip(self._workers, self._actors, envs)]
         self._contexts = self._gather(setups, "initialised")
-        self._watcher = GroupWatcher(self._workers, self._on_drain, self._on_room_to_grow, self._room_to_grow).start()
+        self._watcher = self._watch()
 
     def _reserve(self) -> Tuple[Accelerator, Dict[str, float], int]:
         """The workers' kind and bundle, and a placed placement group of as many as the run gets."""
@@ -202,32 +196,19 @@ class WorkerGroup:
         self._pg, num_workers = reserve(bundle, sizes, config.placement_strategy, config.startup_timeout)
         return accelerator, bundle, num_workers
 
-    # -- drains and growth (called from the watcher's thread) ----------------
+    def _watch(self) -> GroupWatcher:
+        """Warn ranks on draining nodes; with restart_to_grow, stop to grow."""
+        sizes, config = self.config.worker_range, self.config
 
-    def _on_drain(self, node_id: str, deadline: float, ranks: List[int]) -> None:
-        """Warn the ranks on a draining node at once: the deadline where
-        ``raydist.preemption_requested()`` reads it, then the signal."""
-        signal_name = self.config.preemption_signal
-        self._drained[node_id] = deadline
-        logger.warning(
-            "raydist: node %s is draining (%s): warning %s%s",
-            node_id[:12], deadline_text(deadline), ranks_text(ranks), f" with {signal_name}" if signal_name else "",
-        )
-        ask_agents(self._agents, self._workers, ranks, "preempt", deadline, signal_name)
+        def warn(ranks: List[int], deadline: float) -> None:
+            ask_agents(self._agents, self._workers, ranks, "preempt", deadline, config.preemption_signal)
 
-    def _room_to_grow(self) -> int:
-        """How many more workers the cluster could host now (0 unless restart_to_grow)."""
-        sizes = self.config.worker_range
-        if not self.config.restart_to_grow or sizes is None or len(self._workers) >= sizes[1]:
-            return 0
-        usable = {node.node_id for node in usable_nodes()}
-        free = [res for node_id, res in ray_private.available_resources_per_node().items() if node_id in usable]
-        return min(sizes[1] - len(self._workers), workers_that_fit(self._bundle, free, self.config.placement_strategy))
+        def room() -> int:
+            more = room_for(self._bundle, config.placement_strategy)
+            return min(sizes[1] - len(self._workers), more) if sizes else 0  # type: ignore[index]
 
-    def _on_room_to_grow(self, more: int) -> None:
-        logger.warning("raydist: room for %d more worker(s): stopping the group to restart it larger", more)
-        self._grow_by = more
-        self.shutdown(graceful=False)
+        growable = config.restart_to_grow and sizes is not None and len(self._workers) < sizes[1]
+        return GroupWatcher(self._workers, warn, lambda: self.shutdown(graceful=False), room if growable else None).start()
 
     @property
     def held_resources(self) -> Dict[str, Dict[str, float]]:
@@ -247,7 +228,7 @@ class WorkerGroup:
     @property
     def drained_nodes(self) -> Dict[str, float]:
         """Nodes of this group that Ray started draining, with their deadlines."""
-        return dict(self._drained)
+        return dict(self._watcher.drained) if self._watcher is not None else {}
 
     def _create_actor(self, accelerator: Accelerator, bundle: Mapping[str, float], index: int) -> Any:
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
@@ -369,15 +350,16 @@ class WorkerGroup:
             raise
         if waited.failures:
             # Read the dead ranks' evidence while their node agents still run.
-            stopped_here = self._cancelled or self._grow_by
+            grow_by = self._watcher.grow_by if self._watcher is not None else 0
+            stopped_here = self._cancelled or grow_by
             failures = waited.failures if stopped_here else explain_deaths(waited.failures, self._workers, self._agents)
             self._shutdown_then_settle(call, waited.results, [failure.rank for failure in waited.failures if not failure.crashed])
             if self._cancelled:
                 raise WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
-            if self._grow_by:
-                raise WorkerGroupRestart(f"the cluster has room for {self._grow_by} more worker(s)", len(self._workers))
+            if grow_by:
+                raise WorkerGroupRestart(f"the cluster has room for {grow_by} more worker(s)", len(self._workers))
             # A drain breaks the whole group (its ranks leave, peers fail in collectives): a preemption.
-            raise WorkerGroupError(failures, preempted_nodes=sorted(self._drained))
+            raise WorkerGroupError(failures, preempted_nodes=sorted(self.drained_nodes))
         if waited.pending:
             if stage is not None:
                 self.shutdown(graceful=False)
@@ -436,9 +418,8 @@ class WorkerGroup:
             pg, self._pg = self._pg, None
             output, self._output = self._output, None
             agents, self._agents = list(self._agents.values()), {}
-            watcher, self._watcher = self._watcher, None
-        if watcher is not None:
-            watcher.stop()
+        if self._watcher is not None:
+            self._watcher.stop()  # kept: what it saw explains the failure
         if connected_session() == self._session:
             _stop_actors(actors, pg, graceful, agents)
         self._hooks.stop()

@@ -177,9 +177,14 @@ def wait_until_released(held: Mapping[str, Mapping[str, float]], timeout: float 
 
 
 def _elastic_size_now(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str) -> Optional[int]:
+    return elastic_size(sizes[0], sizes[1], room_for(bundle, strategy))
+
+
+def room_for(bundle: Mapping[str, float], strategy: str) -> int:
+    """How many more workers of ``bundle`` fit now on nodes that are not draining."""
     usable = {node.node_id for node in usable_nodes()}
     free = [resources for node_id, resources in ray_private.available_resources_per_node().items() if node_id in usable]
-    return elastic_size(sizes[0], sizes[1], workers_that_fit(bundle, free, strategy))
+    return workers_that_fit(bundle, free, strategy)
 
 
 def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: tqdm, deadline: float) -> bool:
