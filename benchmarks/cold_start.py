@@ -10,10 +10,26 @@ On an already-initialised local Ray, for N workers, times:
 * torchrun    ``python -m torch.distributed.run --standalone`` as a whole
               process, its script doing gloo init + barrier.
 
-Methods are interleaved (one sample of each per round) so slow drift on a
-small machine hits them alike; a warm-up round is not counted.
+Then, as whole processes from the shell (interpreter start to exit), N=2:
 
-    python benchmarks/cold_start.py [--reps 3] [--sizes 2 4] [--quick]
+* raydist run, no Ray running  ``python -m raydist run -n 2 --accelerator cpu
+              --standalone cold_start.py --torchrun-worker``: starts and stops
+              a private Ray (``--standalone`` is the path a plain ``raydist
+              run`` takes when no cluster is running; it also keeps the run
+              off any other Ray on the machine);
+* raydist run, attached  the same with ``--address`` of a ``ray start --head``
+              cluster this script starts (private temp dir, token auth as
+              the installed Ray defaults) and stops afterwards;
+* torchrun    ``torchrun --standalone --nproc-per-node 2`` of the same
+              script, interleaved with each of the two, for the ratios.
+
+Methods are interleaved (one sample of each per round) so slow drift on a
+small machine hits them alike; a warm-up round is not counted. The
+whole-process comparison runs first, before this script starts a Ray of its
+own; nothing is left running.
+
+    python benchmarks/cold_start.py [--reps 3] [--sizes 2 4] [--cli-reps 5] [--quick]
+    python benchmarks/cold_start.py --cli-only     # just the whole-process comparison
 """
 
 from __future__ import annotations
@@ -21,15 +37,23 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 TARGET_VS_FLOOR = 1.3  # raydist at most this many times the floor
 TARGET_VS_TRAINER = 5.0  # TorchTrainer at least this many times raydist
+TARGET_CLI_VS_TORCHRUN = 2.0  # `raydist run` from nothing at most this many times torchrun
+# A private Ray's dashboard agent listens here; when another Ray on the
+# machine holds the port, the agent retries for ~3.5 s before giving up,
+# and the new Ray's start-up waits for it.
+RAY_AGENT_DEFAULT_PORT = 52365
+PROCESS_TIMEOUT_S = 300.0
+LEFTOVER_WAIT_S = 10.0
 
 
 def torchrun_worker() -> None:
@@ -93,17 +117,275 @@ def make_time_floor() -> Callable[[int], float]:
     return time_floor
 
 
-def time_torchrun(n: int) -> float:
-    command = [
+def torchrun_command(n: int) -> List[str]:
+    return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
         os.path.abspath(__file__), "--torchrun-worker",
     ]
+
+
+def raydist_run_command(n: int, address: Optional[str] = None) -> List[str]:
+    """``raydist run`` of the torchrun script: a private Ray, or ``address``'s cluster."""
+    where = ["--address", address] if address else ["--standalone"]
+    return [
+        sys.executable, "-m", "raydist", "run", "-n", str(n), "--accelerator", "cpu", *where,
+        os.path.abspath(__file__), "--torchrun-worker",
+    ]
+
+
+def _session_members(sid: int) -> List[int]:
+    """Pids of the processes in session ``sid`` (what a timed command left)."""
+    import psutil
+
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid:
+                members.append(process.pid)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def run_timed(command: Sequence[str], what: str, env: Optional[Dict[str, str]] = None) -> float:
+    """Wall time of ``command`` as a whole process. It runs in a session of its
+    own; whatever it leaves behind in that session (a Ray daemon that outlived
+    it) is waited for, outside the timing, then killed and reported."""
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    child = subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = child.communicate(timeout=PROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        raise RuntimeError(f"{what} did not finish within {PROCESS_TIMEOUT_S:g} s") from None
     elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"torchrun exited {done.returncode}: {done.stderr[-2000:]}")
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    left = _session_members(child.pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _session_members(child.pid)
+    for pid in left:  # ours: started by the command above
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if child.returncode != 0:
+        raise RuntimeError(f"{what} exited {child.returncode}: {(err or out)[-2000:]}")
+    if left:
+        raise RuntimeError(f"{what} left {len(left)} process(es) running {LEFTOVER_WAIT_S:g} s after it exited (killed)")
     return elapsed
+
+
+def time_torchrun(n: int) -> float:
+    return run_timed(torchrun_command(n), "torchrun")
+
+
+def ray_agent_port_taken() -> bool:
+    """Whether another Ray on this machine holds the dashboard agent's default port."""
+    import psutil
+
+    try:
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == RAY_AGENT_DEFAULT_PORT
+            for c in psutil.net_connections(kind="tcp")
+        )
+    except (psutil.Error, OSError):
+        return False
+
+
+def _ray_auth_env() -> Dict[str, str]:
+    """Environment for the head and the attached run: token authentication as
+    this Ray enables it for a new cluster, unless RAY_AUTH_MODE says otherwise
+    (a driver given an explicit address only sends a token when told to)."""
+    env = dict(os.environ)
+    env.setdefault("RAY_AUTH_MODE", "token")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+class RayHead:
+    """A ``ray start --head --block`` cluster of this script's own: its own temp
+    dir (so no other ``ray.init()`` on the machine finds it), no dashboard, a
+    free GCS port. Stopped by SIGTERM to that ``ray start`` (never ``ray stop``,
+    which would stop every Ray on the machine)."""
+
+    def __init__(self, env: Dict[str, str]):
+        from _common import free_port
+
+        self._env = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # no drain wait on SIGTERM
+        self.temp_dir = tempfile.mkdtemp(prefix="rdcs-")
+        self.port = free_port()
+        self.address: Optional[str] = None
+        self._process: Optional[subprocess.Popen] = None
+
+    def start(self, timeout: float = 120.0) -> str:
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        command = [
+            ray_cli if os.path.exists(ray_cli) else "ray", "start", "--head", "--block",
+            f"--port={self.port}", "--include-dashboard=false", "--dashboard-agent-listen-port=0",
+            f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
+        ]
+        self._log = open(os.path.join(self.temp_dir, "ray_start.log"), "w")
+        self._process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+        )
+        address_file = os.path.join(self.temp_dir, "ray_current_cluster")  # written once the node is up
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(address_file) or not open(address_file).read().strip():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self._log.flush()
+                tail = open(os.path.join(self.temp_dir, "ray_start.log")).read()[-2000:]
+                raise RuntimeError(f"ray start --head did not come up: {tail}")
+            time.sleep(0.2)
+        self.address = open(address_file).read().strip()
+        return self.address
+
+    def stop(self) -> None:
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGTERM)
+                try:
+                    self._process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                    self._process.wait()
+            # Anything of this cluster still alive (named by its temp dir) is ours.
+            deadline = time.monotonic() + LEFTOVER_WAIT_S
+            while self._leftovers() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for process in self._leftovers():
+                try:
+                    process.kill()
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+            self._log.close()
+            self._process = None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _leftovers(self) -> list:
+        """This cluster's processes still alive: those in the session of its
+        ``ray start`` (workers included), or naming its temp dir."""
+        import psutil
+
+        sid = self._process.pid if self._process is not None else None
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                if (sid is not None and os.getsid(process.pid) == sid) or any(
+                    self.temp_dir in part for part in process.info["cmdline"] or ()
+                ):
+                    found.append(process)
+            except (OSError, psutil.Error):
+                continue
+        return found
+
+
+def interleave(
+    methods: Dict[str, Callable[[], float]], reps: int, label: str, before_sample: Optional[Callable[[str], None]] = None
+) -> Tuple[Dict[str, List[float]], Dict[str, str]]:
+    """One warm-up round, then ``reps`` timed rounds of every method in turn."""
+    from _common import wait_for_quiet_cpu
+
+    samples: Dict[str, List[float]] = {name: [] for name in methods}
+    failed: Dict[str, str] = {}
+    for round_index in range(1 + reps):
+        for name, timer in methods.items():
+            if name in failed:
+                continue
+            wait_for_quiet_cpu()
+            if before_sample is not None:
+                before_sample(name)
+            try:
+                elapsed = timer()
+            except Exception as error:  # noqa: BLE001 - reported in the table
+                failed[name] = f"{type(error).__name__}: {str(error).strip()[:500]}"
+                print(f"  {label} round {round_index} {name}: FAILED {failed[name]}", flush=True)
+                continue
+            if round_index > 0:
+                samples[name].append(elapsed)
+            print(f"  {label} round {round_index} {name}: {elapsed:.2f} s", flush=True)
+    return samples, failed
+
+
+def whole_process_comparison(n: int, reps: int) -> bool:
+    """``raydist run`` from nothing and attached, each against torchrun in the
+    same rounds; prints the tables. False if raydist failed."""
+    from _common import fmt_ratio, fmt_s, median, print_table, verdict
+
+    rows: List[List[object]] = []
+    ratio_rows: List[List[object]] = []
+    notes: List[str] = []
+    ok = True
+
+    # 1. No Ray running: every raydist sample starts and stops its own.
+    taken: List[str] = []
+
+    def check_port(name: str) -> None:
+        if name.startswith("raydist") and ray_agent_port_taken():
+            taken.append(name)
+
+    fresh = f"raydist run -n {n} (starts Ray)"
+    samples, failed = interleave(
+        {fresh: lambda: run_timed(raydist_run_command(n), "raydist run --standalone"), "torchrun": lambda: time_torchrun(n)},
+        reps, "no Ray running", check_port,
+    )
+    settings = [("no Ray running", fresh, samples, failed, TARGET_CLI_VS_TORCHRUN)]
+    if taken:
+        notes.append(
+            f"{len(taken)} of the {1 + reps} no-Ray raydist samples (warm-up included) found port "
+            f"{RAY_AGENT_DEFAULT_PORT} held by another Ray on this machine: the private Ray's dashboard "
+            "agent then retries binding it for ~3.5 s, and those samples include that wait"
+        )
+
+    # 2. Attached to a running cluster.
+    attached = f"raydist run -n {n} --address"
+    env = _ray_auth_env()
+    head = RayHead(env)
+    try:
+        address = head.start()
+        print(f"  started ray start --head at {address} (temp dir {head.temp_dir})", flush=True)
+        samples2, failed2 = interleave(
+            {attached: lambda: run_timed(raydist_run_command(n, address), "raydist run --address", env=env),
+             "torchrun": lambda: time_torchrun(n)},
+            reps, "attached", None,
+        )
+    except Exception as error:  # noqa: BLE001 - the head itself failed: report, do not abort the rest
+        samples2, failed2 = {attached: [], "torchrun": []}, {attached: f"{type(error).__name__}: {error}"}
+    finally:
+        head.stop()
+    settings.append(("attached to ray start --head", attached, samples2, failed2, None))
+
+    for setting, name, got, why, target in settings:
+        for method in (name, "torchrun"):
+            values = got.get(method) or []
+            if values:
+                rows.append([setting, method, fmt_s(median(values)), fmt_s(min(values)), len(values)])
+            else:
+                rows.append([setting, method, f"unavailable ({why.get(method, 'no samples')})", "", 0])
+        rd, tr = got.get(name) or [], got.get("torchrun") or []
+        ratio = median(rd) / median(tr) if rd and tr else None
+        ratio_rows.append([
+            setting,
+            fmt_ratio(median(rd) if rd else None, median(tr) if tr else None),
+            verdict(None if ratio is None or target is None else ratio <= target) if target else "(reported)",
+        ])
+        ok &= bool(rd)
+    print_table(
+        f"Whole process, N={n}, script = gloo init + barrier ({reps} timed rounds after a warm-up, interleaved)",
+        ["setting", "command", "median", "min", "samples"],
+        rows,
+    )
+    print_table(
+        "Whole-process ratio to torchrun measured in the same rounds (medians)",
+        ["setting", "raydist run / torchrun", f"<= {TARGET_CLI_VS_TORCHRUN:g}x"],
+        ratio_rows,
+    )
+    for note in notes:
+        print(f"note: {note}")
+    return ok
 
 
 def make_time_trainer(storage: str) -> Callable[[int], float]:
@@ -137,7 +419,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="timed rounds (after one warm-up round)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4], help="numbers of workers")
-    parser.add_argument("--quick", action="store_true", help="one timed round")
+    parser.add_argument("--cli-reps", type=int, default=5, help="timed rounds of the whole-process comparison")
+    parser.add_argument("--cli-workers", type=int, default=2, help="N of the whole-process comparison")
+    parser.add_argument("--quick", action="store_true", help="one timed round (three for the whole-process comparison)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--cli-only", action="store_true", help="only the whole-process comparison")
+    only.add_argument("--no-cli", action="store_true", help="skip the whole-process comparison")
     parser.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torchrun_worker:
@@ -145,14 +432,25 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     if args.quick:
         args.reps = 1
-
-    import ray
+        args.cli_reps = min(args.cli_reps, 3)
 
     from _common import (
         fmt_ratio, fmt_s, header, init_ray, median, print_table, verdict, wait_for_quiet_cpu,
     )
 
     header("cold start")
+    # First, before this process starts a Ray of its own (whose dashboard agent
+    # would hold the port a fresh private Ray wants, and whose daemons share the cores).
+    cli_ok = True
+    if not args.no_cli:
+        cli_ok = whole_process_comparison(args.cli_workers, args.cli_reps)
+    if args.cli_only:
+        if not cli_ok:
+            sys.exit(1)
+        return
+
+    import ray
+
     # Ray Train's controller needs a CPU slot of its own next to the N workers.
     init_ray(num_cpus=max(args.sizes) + 4)
     storage = tempfile.mkdtemp(prefix="raydist-bench-train-")
@@ -224,7 +522,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"TorchTrainer anchor: {train_version()}")
     for name, reason in unavailable.items():
         print(f"{name} unavailable: {reason}")
-    if "raydist" in unavailable:
+    if "raydist" in unavailable or not cli_ok:
         sys.exit(1)  # an anchor may be missing; raydist failing is a failure
 
 
