@@ -52,8 +52,8 @@ def run(
     counted = size = 0
     held: Dict[str, Dict[str, float]] = {}  # what the last attempt's workers held, per node
     while True:
-        if held and config.elastic:
-            wait_until_released(held)  # so that the new size counts them
+        if held:
+            wait_until_released(held)  # so that the new size (or placement) counts them
         try:
             with WorkerGroup(config=config, restart_count=len(attempts), logs=logs, node_order=node_order) as group:
                 if attempts:
@@ -65,6 +65,10 @@ def run(
             reason: Optional[RestartReason] = RestartReason("scale-up", restart.reason, counted=False)
         except WorkerGroupError as failed:
             error, reason = failed, restart_reason(failed, config.retry_on_exception)
+            if reason is not None and _driver_node() in failed.preempted_nodes:
+                # Ray starts no new actors anywhere while the driver's own node drains.
+                logger.error("raydist: the driver's node is being drained: no restart; run the driver on a node that stays")
+                reason = None
             if reason is None or (reason.counted and counted >= config.max_restarts):
                 if attempts:
                     raise WorkerGroupError(failed.failures, attempts=attempts, preempted_nodes=failed.preempted_nodes) from failed
@@ -72,6 +76,12 @@ def run(
         counted += reason.counted
         attempts.append(error)
         logger.warning(restart_line(reason, size, len(attempts), config.max_restarts, counted))
+
+
+def _driver_node() -> Optional[str]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def restart_reason(error: WorkerGroupError, retry_on_exception: bool) -> Optional[RestartReason]:

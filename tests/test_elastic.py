@@ -270,3 +270,23 @@ def _draining() -> Dict[str, float]:
     from raydist.pool.ray_private import draining_nodes
 
     return draining_nodes()
+
+
+def test_draining_the_drivers_node_fails_at_once_instead_of_restarting(cluster: Any, tmp_path: Path) -> None:
+    # Last in this module: it leaves the head draining. Ray starts no new
+    # actors anywhere while the driver's node drains, so a restart could only hang.
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), startup_timeout=120)
+    wait_for_files(tmp_path, sum(1 for n in ray.nodes() if n["Alive"]) * 2)
+    head = ray.get_runtime_context().get_node_id()
+    command = [
+        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", head,
+        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+        "--deadline-remaining-seconds", "60",
+    ]
+    started = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    outcome["thread"].join(60)
+    assert not outcome["thread"].is_alive(), "the run hung instead of failing"
+    assert isinstance(outcome.get("error"), raydist.WorkerGroupError), outcome
+    assert head in outcome["error"].preempted_nodes
+    assert time.monotonic() - started < 45

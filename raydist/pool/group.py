@@ -358,8 +358,9 @@ class WorkerGroup:
                 raise WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
             if grow_by:
                 raise WorkerGroupRestart(f"the cluster has room for {grow_by} more worker(s)", len(self._workers))
-            # A drain breaks the whole group (its ranks leave, peers fail in collectives): a preemption.
-            raise WorkerGroupError(failures, preempted_nodes=sorted(self.drained_nodes))
+            # Ranks on a drained node that failed: a preemption, not a fault of the code.
+            drained = self.drained_nodes
+            raise WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
         if waited.pending:
             if stage is not None:
                 self.shutdown(graceful=False)
