@@ -97,9 +97,8 @@ class GroupWatcher:
         return self
 
     def stop(self) -> None:
+        """Stop polling; returns at once (the thread ends at its next look)."""
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=self._interval + 5)
 
     def _run(self) -> None:
         from raydist.pool import ray_private

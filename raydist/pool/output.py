@@ -170,7 +170,11 @@ class OutputRouter:
             warn_once("route", f"cannot route worker output ({type(error).__name__}: {error}); Ray prints it")
             routed = False
         if not routed and self._print is not None:
-            self._print(data)
+            # A rank detached before its last marker came through: drop the marker, keep the text.
+            lines = [line.partition(self.token)[0] if self.token in line else line for line in data.get("lines") or []]
+            lines = [line for line, raw in zip(lines, data.get("lines") or []) if line or self.token not in raw]
+            if lines:
+                self._print(dict(data, lines=lines))
 
     def _route(self, data: Dict[str, Any]) -> bool:
         """Send an attached rank's lines where its route says; False for other lines."""

@@ -57,18 +57,27 @@ def wait_for_ranks(
     if len(ready) == len(refs):
         _take(ready, pending, waited, workers, actors)
     while pending and not waited.failures:
+        _check_ray()
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
             break  # timed out
         # Take everything already finished in one go (cheap for warm calls).
+        _check_ray()
         _take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers, actors)
         if progress is not None:
             progress.update(len(refs) - len(pending) - progress.n)
     if waited.failures and pending:
+        _check_ray()
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
         _take(ready, pending, waited, workers, actors)
     waited.pending = sorted(pending.values())
     return waited
+
+
+def _check_ray() -> None:
+    # Ray calls after ray.shutdown() (from another thread) would start a new local Ray.
+    if not ray.is_initialized():
+        raise RuntimeError("Ray was shut down while raydist waited for its workers")
 
 
 def _take(
