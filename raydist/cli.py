@@ -471,6 +471,7 @@ def execute(plan: RunPlan) -> int:
 
     from raydist.api import run
     from raydist.pool.connect import connect
+    from raydist.pool.ray_private import shutdown_ray
     from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
     from raydist.pool.script import run_script
 
@@ -500,7 +501,7 @@ def execute(plan: RunPlan) -> int:
         return EXIT_USAGE
     finally:
         if connected_here and ray.is_initialized():
-            ray.shutdown()  # stops a private local Ray; leaves a cluster running
+            shutdown_ray()  # stops a private local Ray; leaves a cluster running
 
 
 def _configure_ray_output() -> None:

@@ -513,3 +513,10 @@ def test_a_record_script_shows_its_error_file_as_torchrun_does(cli_env: Dict[str
     for output in (torchrun.stderr, ours.stderr):
         lines = [line.strip() for line in output.splitlines()]
         assert all(text in lines for text in expected), explain(torchrun) + explain(ours)
+
+
+def test_the_driver_side_never_imports_torch() -> None:
+    # torch costs a driver over a second to import and to tear down; only workers need it.
+    code = "import sys, raydist, raydist.api, raydist.cli; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", explain(result)

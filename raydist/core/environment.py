@@ -13,6 +13,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence
 
+# raydist sets this on each worker that holds a device: the position of its
+# first device in the node's visible-devices list (see raydist.pool.layout).
+DEVICE_INDEX_VAR = "RAYDIST_DEVICE_INDEX"
+
 # First variable present wins, as in open_clip's helpers.
 LOCAL_RANK_VARS = ("LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 RANK_VARS = ("RANK", "PMI_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")

@@ -23,11 +23,8 @@ from raydist.backends.horovod import HorovodBackend
 from raydist.backends.torch_distributed import TorchDistributedBackend
 from raydist.core.backend import Backend
 from raydist.core.devices import accelerator_type, device_type_of, is_device_available, set_device
-from raydist.core.environment import WorldInfo, is_using_distributed
+from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, is_using_distributed
 
-# raydist sets this on each worker that holds a device: the position of its
-# first device in the node's visible-devices list (see raydist.pool.layout).
-DEVICE_INDEX_VAR = "RAYDIST_DEVICE_INDEX"
 
 
 @dataclass(frozen=True)

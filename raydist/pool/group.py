@@ -12,7 +12,7 @@ killed, not waited for.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 import ray.cloudpickle
@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 
 from raydist.config import RunConfig, check_seconds, check_call, make_config
 from raydist.core.accelerators import Accelerator
-from raydist.core.initialize import DistInfo
 from raydist.pool.backend_hooks import GroupHooks, group_hooks
 from raydist.pool.connect import connect, connected_session
 from raydist.pool.diagnostics import ask_agents, explain_deaths, format_stacks, start_agents
@@ -41,6 +40,9 @@ from raydist.pool.output import GroupOutput, OutputRouter
 from raydist.pool.placement import alive_nodes, default_num_workers, reserve, resolve_accelerator, room_for, worker_bundle
 from raydist.pool.waiting import wait_for_ranks
 from raydist.pool.worker import RayWorker
+
+if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
+    from raydist.core.initialize import DistInfo
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo"]
 
@@ -133,7 +135,7 @@ class WorkerGroup:
         self._lock = threading.RLock()  # orders submissions; guards teardown
         self._actors: List[Any] = []
         self._workers: List[WorkerInfo] = []
-        self._contexts: List[Optional[DistInfo]] = []
+        self._contexts: List[Optional["DistInfo"]] = []
         self._pg: Optional[PlacementGroup] = None
         self._closed = False
         self._cancelled = False  # closed by WorkerFuture.cancel
@@ -281,7 +283,7 @@ class WorkerGroup:
         return list(self._workers)
 
     @property
-    def contexts(self) -> List[Optional[DistInfo]]:
+    def contexts(self) -> List[Optional["DistInfo"]]:
         """Each rank's initialization record (None where the process group was left to the code)."""
         return list(self._contexts)
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.core.accelerators import Accelerator
-from raydist.core.environment import torchrun_env
-from raydist.core.initialize import DEVICE_INDEX_VAR
+from raydist.core.environment import DEVICE_INDEX_VAR, torchrun_env
 from raydist.core.preemption import PREEMPTION_FILE_VAR
 from raydist.pool.diagnostics import WorkerEvidence
 
@@ -153,7 +152,7 @@ def worker_env(
         env[PREEMPTION_FILE_VAR] = worker.evidence.preemption_path
     # Where a script decorated with torch's @record writes its error (on the worker's node).
     env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
-        tempfile.gettempdir(), "raydist", run_id, f"attempt_{restart_count}", str(worker.rank), "error.json"
+        tempfile.gettempdir(), "raydist-errors", run_id, f"attempt_{restart_count}", str(worker.rank), "error.json"
     )
     env.update(extra)
     env.update(config.env)

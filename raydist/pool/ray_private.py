@@ -138,3 +138,21 @@ def available_resources_per_node() -> Dict[str, Dict[str, float]]:
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
         warn_once("available", f"cannot read free resources per node ({type(error).__name__}: {error}); using totals")
         return {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, about a second sooner for a Ray this process started.
+
+    ``ray.shutdown()`` stops the GCS before it asks the autoscaler monitor to
+    stop, and the monitor spends its whole grace period (~1 s) trying to
+    report to the GCS that is gone. No public API stops a private Ray's
+    monitor; killing it first is safe because all of that Ray stops now.
+    A driver attached to a cluster starts no monitor, and nothing is killed.
+    """
+    try:
+        node = ray._private.worker._global_node
+        if node is not None and node.is_head():
+            node.kill_monitor(check_alive=False)
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("monitor", f"cannot stop Ray's monitor early ({type(error).__name__}: {error}); shutdown takes ~1 s longer")
+    ray.shutdown()

@@ -12,17 +12,19 @@ import time
 import traceback
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 import ray
 import ray.cloudpickle
 
-from raydist.core import collectives
-from raydist.core.initialize import DistInfo, init_distributed, shutdown
 from raydist.pool.diagnostics import STACK_SIGNAL, WorkerEvidence
 from raydist.pool.layout import Placement, WorkerInfo
-from raydist.pool.object_store import RayObjectStoreTransport
 from raydist.pool.output import marks_output
+
+# The driver imports this module to define the actor; torch (the core) is
+# imported only inside the actor's methods, so a driver never loads it.
+if TYPE_CHECKING:
+    from raydist.core.initialize import DistInfo
 from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 
 
@@ -127,7 +129,7 @@ class RayWorker:
     def describe(self, index: int) -> Placement:
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
-        evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist"))
+        evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
         _leave_evidence(evidence)
         return Placement(
             index=index,
@@ -145,8 +147,12 @@ class RayWorker:
         env: Mapping[str, str],
         init_kwargs: Optional[Dict[str, Any]],
         object_store_threshold: Optional[int],
-    ) -> Optional[DistInfo]:
+    ) -> Optional["DistInfo"]:
         """Set the launcher environment, then (unless ``init_kwargs`` is None) initialise."""
+        from raydist.core import collectives
+        from raydist.core.initialize import init_distributed
+        from raydist.pool.object_store import RayObjectStoreTransport
+
         self._worker = worker
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={worker.rank}", file=stream, flush=True)
@@ -192,5 +198,8 @@ class RayWorker:
         return self._returned_type
 
     def teardown(self) -> None:
+        from raydist.core import collectives
+        from raydist.core.initialize import shutdown
+
         collectives.set_large_object_transport(None)
         shutdown()
