@@ -115,6 +115,16 @@ def wait_until_idle(timeout: float = 30) -> None:
         time.sleep(0.1)  # polling Ray's view, with a deadline
 
 
+def drain(cluster: Any, node_id: str, deadline_s: int) -> None:
+    """What a spot preemption does to a node: ``ray drain-node`` with a deadline."""
+    command = [
+        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", node_id,
+        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+        "--deadline-remaining-seconds", str(deadline_s),
+    ]
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+
+
 def run_in_thread(idle_first: bool = True, **options: Any) -> Dict[str, Any]:
     if idle_first:
         wait_until_idle()
@@ -226,13 +236,8 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
     head = ray.get_runtime_context().get_node_id()
     drained = next(r["node_id"] for r in first if r["node_id"] != head)
     ranks_there = sorted(r["rank"] for r in first if r["node_id"] == drained)
-    command = [
-        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", drained,
-        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
-        "--deadline-remaining-seconds", "20",
-    ]
     drained_at = time.time()
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    drain(cluster, drained, deadline_s=20)
     results = finish(outcome)
     warned = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("preempted-*.json")}
     assert sorted(warned) == ranks_there
@@ -278,13 +283,8 @@ def test_draining_the_drivers_node_fails_at_once_instead_of_restarting(cluster: 
     outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), startup_timeout=120)
     wait_for_files(tmp_path, sum(1 for n in ray.nodes() if n["Alive"]) * 2)
     head = ray.get_runtime_context().get_node_id()
-    command = [
-        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", head,
-        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
-        "--deadline-remaining-seconds", "60",
-    ]
     started = time.monotonic()
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    drain(cluster, head, deadline_s=60)
     outcome["thread"].join(60)
     assert not outcome["thread"].is_alive(), "the run hung instead of failing"
     assert isinstance(outcome.get("error"), raydist.WorkerGroupError), outcome
