@@ -24,7 +24,7 @@ import torch.distributed as dist
 from conftest import REPO, live_placement_groups, start_cluster
 
 import raydist
-from raydist.pool.elastic import elastic_size, restart_line, RestartReason, surviving_node_order, workers_that_fit
+from raydist.pool.elastic import RestartReason, elastic_size, restart_line, workers_that_fit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,10 +49,6 @@ def test_elastic_size_is_what_fits_between_min_and_max() -> None:
     assert elastic_size(2, 6, 9) == 6
     assert elastic_size(2, 6, 4) == 4
     assert elastic_size(2, 6, 1) is None
-
-
-def test_surviving_nodes_keep_their_order() -> None:
-    assert surviving_node_order(["a", "b", "c"], ["c", "a", "d"]) == ["a", "c"]
 
 
 def test_restart_line_says_why_and_how_many() -> None:

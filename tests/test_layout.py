@@ -109,3 +109,15 @@ def test_every_worker_device_index_points_at_its_own_first_device(driver: object
         union = sorted({i for w in mates for i in w.device_ids}, key=int)
         assert list(worker.visible_device_ids) == union
 
+
+
+def test_a_restart_keeps_the_surviving_nodes_in_their_order() -> None:
+    # The last attempt ran on a (driver), b, c; b left and d joined.
+    workers = assign_ranks(
+        placed(("node-d", []), ("node-c", []), ("node-a", []), ("node-c", [])),
+        DRIVER,
+        node_order=["node-a", "node-b", "node-c"],
+    )
+    assert [(w.node_id, w.node_rank) for w in workers] == [
+        ("node-a", 0), ("node-c", 1), ("node-c", 1), ("node-d", 2),
+    ]

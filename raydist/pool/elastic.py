@@ -40,14 +40,6 @@ def elastic_size(min_workers: int, max_workers: int, fit_now: int) -> Optional[i
     return size if size >= min_workers else None
 
 
-def surviving_node_order(previous: Sequence[str], alive: Sequence[str]) -> List[str]:
-    """The previous attempt's node order without the nodes that left: ranks
-    on a surviving node move only when a node before it left. New nodes
-    follow, in the order the new layout gives them."""
-    live = set(alive)
-    return [node for node in previous if node in live]
-
-
 @dataclass(frozen=True)
 class RestartReason:
     """Why a group is restarted, for the one line each restart logs."""
