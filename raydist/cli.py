@@ -19,41 +19,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from raydist import __version__
-from raydist.config import PLACEMENT_STRATEGIES, RunConfig
+from raydist.config import RunConfig, cli_options, option_default, parse_int
 from raydist.core.accelerators import ACCELERATOR_CHOICES
+from raydist.core.backend import backend_entry
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-# The flag behind each RunConfig option, so that a rejected value is named as typed.
-FLAG_OF_OPTION = {
-    "num_workers": "--nproc-per-node",
-    "accelerator": "--accelerator",
-    "resources_per_worker": "--resources-per-worker",
-    "backend": "--backend",
-    "env": "--env",
-    "placement_strategy": "--placement-strategy",
-    "timeout": "--timeout",
-    "startup_timeout": "--startup-timeout",
-    "max_restarts": "--max-restarts",
-    "address": "--address",
-    "pg_timeout": "--pg-timeout",
-    "restart_to_grow": "--restart-to-grow",
-    "preemption_signal": "--preemption-signal",
-    "log_dir": "--log-dir",
-    "redirects": "--redirects",
-    "tee": "--tee",
-    "local_ranks_filter": "--local-ranks-filter",
-}
 
 RUN_DESCRIPTION = """\
 Run a torchrun-style training script (or -m module) on Ray actors, one per
@@ -76,23 +55,7 @@ class CliError(Exception):
         self.status = status
 
 
-# -- argument types ---------------------------------------------------------
-
-
-def _convert(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
-    """An argparse type that only converts (RunConfig checks the value)."""
-
-    def parse(value: str) -> Any:
-        try:
-            return kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
-
-    return parse
-
-
-_int = _convert(int, "a whole number")
-_seconds = _convert(float, "a number of seconds")
+# -- argument types (of the CLI-only flags; RunConfig's live with its fields) --
 
 
 def _nproc(value: str) -> Tuple[Optional[int], Optional[str]]:
@@ -102,33 +65,26 @@ def _nproc(value: str) -> Tuple[Optional[int], Optional[str]]:
     word = value.strip().lower()
     if word in ACCELERATOR_CHOICES:
         return None, word
-    return _int(value), None
+    return parse_int(value), None
 
 
 def _nnodes(value: str) -> Tuple[int, int]:
     """torchrun's ``N`` or ``MIN:MAX`` (an elastic number of nodes)."""
     low, sep, high = value.partition(":")
-    return (_int(low), _int(high)) if sep else (_int(value), _int(value))
-
-
-def _resources(value: str) -> Dict[str, Any]:
-    try:
-        resources = json.loads(value)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {value!r}") from None
-    if not isinstance(resources, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object such as \'{{"CPU": 2}}\', got {value!r}')
-    return resources
-
-
-def _env_pair(value: str) -> Tuple[str, str]:
-    key, sep, val = value.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
-    return key, val
+    return (parse_int(low), parse_int(high)) if sep else (parse_int(value), parse_int(value))
 
 
 # -- parser -----------------------------------------------------------------
+
+RUN_EPILOG = (
+    "exit status: 0 when every rank exits 0; n when every failing rank called "
+    "sys.exit(n); 1 when a rank raised, died or timed out; 2 for a bad command line "
+    "(checked before any worker starts).\n\n"
+    "examples:\n"
+    "  raydist run -n 4 train.py --lr 0.1\n"
+    "  raydist run --nproc-per-node auto --accelerator gpu -m mypackage.train\n"
+    "  ray job submit --address http://HEAD:8265 --working-dir . -- raydist run -n 8 train.py"
+)
 
 
 def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -144,23 +100,32 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "run",
         help="run a torchrun script on Ray workers",
         description=RUN_DESCRIPTION,
-        epilog=(
-            "exit status: 0 when every rank exits 0; n when every failing rank called "
-            "sys.exit(n); 1 when a rank raised, died or timed out; 2 for a bad command line "
-            "(checked before any worker starts).\n\n"
-            "examples:\n"
-            "  raydist run -n 4 train.py --lr 0.1\n"
-            "  raydist run --nproc-per-node auto --accelerator gpu -m mypackage.train\n"
-            "  ray job submit --address http://HEAD:8265 --working-dir . -- raydist run -n 8 train.py"
-        ),
+        epilog=RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
+    _add_cli_only_arguments(run)
+    _add_config_arguments(run)
+    run.add_argument(
+        "target", metavar="script",
+        help="the training script's path (relative to the working directory), or the module "
+        "name with -m",
+    )
+    run.add_argument(
+        "script_args", nargs="*", metavar="args",
+        help="arguments for the script, passed through untouched",
+    )
+    return parser, run
+
+
+def _add_cli_only_arguments(run: argparse.ArgumentParser) -> None:
+    """torchrun's flags that are not one RunConfig option each."""
+    kinds = [kind for kind in ACCELERATOR_CHOICES if kind != "auto"]
     run.add_argument(
         "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers",
         dest="nproc_per_node", type=_nproc, default=(1, None), metavar="N",
-        help="workers per node (default 1); or, as torchrun takes it, 'gpu', 'xpu', 'npu', 'hpu' "
-        "or 'cpu' for one worker per device of that kind in the cluster, or 'auto' for one "
+        help=f"workers per node (default 1); or, as torchrun takes it, {', '.join(map(repr, kinds[:-1]))} "
+        f"or {kinds[-1]!r} for one worker per device of that kind in the cluster, or 'auto' for one "
         "per device of the kind the cluster has (one per CPU slot when it has none)",
     )
     run.add_argument(
@@ -179,121 +144,25 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "directory goes first on sys.path)",
     )
     run.add_argument(
-        "--accelerator", choices=ACCELERATOR_CHOICES, default=None, type=str.lower,
-        help=f"device per worker: 'auto' (GPU if the cluster has GPUs, else NPU, else HPU, else "
-        f"CPU) or one kind (default: {RunConfig.accelerator})",
-    )
-    run.add_argument(
-        "--resources-per-worker", type=_resources, default=None, metavar="JSON",
-        help='Ray resources per worker as a JSON object, e.g. \'{"CPU": 4}\', \'{"GPU": 2}\' '
-        "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
-        'names the first of them) or \'{"GPU": 0.5}\' (two workers share a GPU). Default: 1 CPU '
-        "plus 1 device",
-    )
-    run.add_argument(
-        "--backend", default=None, metavar="NAME",
-        help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
-        "'horovod' before the script starts, for scripts that expect an initialised process "
-        "group (raydist.init_distributed() and raydist.compat reuse it; a direct "
-        "dist.init_process_group() call would fail). Default: leave initialization to the "
-        "script, as torchrun does",
-    )
-    run.add_argument(
-        "--max-restarts", "--max_restarts", dest="max_restarts", type=_int,
-        default=None, metavar="K",
-        help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
-        "group on fresh workers and rerun the script, up to K times, as torchrun does "
-        f"(default {RunConfig.max_restarts}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
-    )
-    run.add_argument(
-        "--address", default=None, metavar="ADDRESS",
-        help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
-        "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
-        "inside `ray job submit`), else the cluster started with `ray start` on this "
-        "machine, else a private local Ray (no dashboard) that stops when the run ends",
-    )
-    run.add_argument(
         "--standalone", action="store_true",
         help="start a private local Ray for this run even if RAY_ADDRESS is set or a cluster "
         "runs on this machine (torchrun's single-node mode)",
     )
-    run.add_argument(
-        "--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
-        help="set an environment variable on every worker (repeatable); workers on a "
-        "remote cluster do not inherit this shell's environment",
-    )
-    run.add_argument(
-        "--placement-strategy", "--placement_strategy", dest="placement_strategy",
-        type=str.upper, choices=PLACEMENT_STRATEGIES, default=None, metavar="STRATEGY",
-        help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-        f"(default: {RunConfig.placement_strategy}, or SPREAD with --nnodes above 1)",
-    )
-    run.add_argument(
-        "--timeout", type=_seconds, default=None, metavar="SECONDS",
-        help="stop the run and fail if the script has not finished on every rank after "
-        "this many seconds (default: no limit)",
-    )
-    run.add_argument(
-        "--startup-timeout", type=_seconds, default=None, metavar="SECONDS",
-        help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
-        "provide the workers, and for them to initialise (default "
-        f"{RunConfig.startup_timeout:g}); a request the cluster can never meet fails at once",
-    )
-    run.add_argument(
-        "--restart-to-grow", action="store_true", default=None,
-        help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
-        "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
-        "on a membership change (not counted against --max-restarts)",
-    )
-    run.add_argument(
-        "--preemption-signal", default=None, metavar="SIGNAL",
-        help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
-        f"`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
-        f"'none' for no signal (default: {RunConfig.preemption_signal})",
-    )
-    run.add_argument(
-        "--pg-timeout", type=_seconds, default=None, metavar="SECONDS",
-        help="how long a collective may wait before the process group fails it (torch's "
-        "init_process_group timeout); applies with --backend, where raydist initialises the group",
-    )
-    _add_log_arguments(run)
-    run.add_argument(
-        "target", metavar="script",
-        help="the training script's path (relative to the working directory), or the module "
-        "name with -m",
-    )
-    run.add_argument(
-        "script_args", nargs="*", metavar="args",
-        help="arguments for the script, passed through untouched",
-    )
-    return parser, run
 
 
-def _add_log_arguments(run: argparse.ArgumentParser) -> None:
-    """torchrun's per-rank log flags, with its value syntax (checked by RunConfig)."""
-    run.add_argument(
-        "--log-dir", "--log_dir", dest="log_dir", default=None, metavar="DIR",
-        help="directory for per-rank log files, laid out as torchrun does: "
-        "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
-        "restart. Written on this machine (the driver's), for every rank on every node",
-    )
-    run.add_argument(
-        "-r", "--redirects", default=None, metavar="CODES",
-        help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
-        "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
-        "the files go to a new temporary directory (default 0)",
-    )
-    run.add_argument(
-        "-t", "--tee", default=None, metavar="CODES",
-        help="send streams to the log files and the console (codes as for --redirects; default 0)",
-    )
-    run.add_argument(
-        "--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter", default=None,
-        metavar="RANKS",
-        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
-        "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${rank}]:', with "
-        "${rank}, ${local_rank}, ${role_name}) replaces the '(rank=N pid=P)' prefix of console lines",
-    )
+def _add_config_arguments(run: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig option that carries a CliFlag, generated from it.
+
+    Every flag defaults to None ("not given"), so RunConfig keeps its own default.
+    """
+    for option, flag in cli_options():
+        if not flag.generated:
+            continue
+        settings: Dict[str, Any] = {"dest": option.name, "default": None, "help": flag.help_for(option_default(option))}
+        for name, value in (("type", flag.parse), ("metavar", flag.metavar), ("action", flag.action), ("choices", flag.choices)):
+            if value is not None:
+                settings[name] = value
+        run.add_argument(*flag.flags, **settings)
 
 
 def split_script_args(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -348,6 +217,12 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         target = _check_script(options.target)
     if options.standalone and options.address:
         raise CliError("--standalone starts a private Ray; it cannot be combined with --address", EXIT_USAGE)
+    config = build_config(options)
+    if config.backend is not None:
+        try:
+            backend_entry(config.backend).check_requires()  # a missing library fails before Ray starts
+        except ImportError as error:
+            raise CliError(str(error), EXIT_USAGE) from None
     return RunPlan(
         target=target,
         target_as_typed=options.target,
@@ -355,12 +230,30 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         script_args=tuple(script_args),
         nnodes=options.nnodes[0],
         standalone=options.standalone,
-        config=build_config(options),
+        config=config,
     )
 
 
 def build_config(options: argparse.Namespace) -> RunConfig:
     """The run's RunConfig from the flags given (the rest keep RunConfig's defaults)."""
+    given = {
+        option.name: value if flag.to_option is None else flag.to_option(value)
+        for option, flag in cli_options()
+        if flag.generated and (value := getattr(options, option.name)) is not None
+    }
+    given.update(_from_cli_only_flags(options))
+    try:
+        return RunConfig(
+            **given,
+            init_process_group=options.backend is not None,
+            retry_on_exception=True,  # torchrun restarts after any failure
+        )
+    except (TypeError, ValueError) as error:
+        raise CliError(_as_flags(str(error)), EXIT_USAGE) from None
+
+
+def _from_cli_only_flags(options: argparse.Namespace) -> Dict[str, Any]:
+    """The options that -n/--nproc-per-node and --nnodes decide, as torchrun reads them."""
     per_node, kind = options.nproc_per_node
     accelerator = options.accelerator
     if kind is not None and kind != "auto":
@@ -372,43 +265,23 @@ def build_config(options: argparse.Namespace) -> RunConfig:
         raise CliError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {min_nodes}:{max_nodes}", EXIT_USAGE)
     if max_nodes > 1 and per_node is None:
         raise CliError(f"--nproc-per-node {kind} counts the whole cluster; give a number with --nnodes", EXIT_USAGE)
-    sizes = None if per_node is None else (per_node * min_nodes, per_node * max_nodes)
-    given = {
-        "num_workers": sizes if sizes is None or sizes[0] != sizes[1] else sizes[0],
-        "accelerator": accelerator,
-        "resources_per_worker": options.resources_per_worker,
-        "backend": options.backend,
-        "env": dict(options.env) if options.env else None,
-        "placement_strategy": options.placement_strategy or ("SPREAD" if max_nodes > 1 else None),
-        "timeout": options.timeout,
-        "startup_timeout": options.startup_timeout,
-        "max_restarts": options.max_restarts,
-        "address": options.address,
-        "pg_timeout": options.pg_timeout,
-        "restart_to_grow": options.restart_to_grow,
-        "log_dir": options.log_dir,
-        "redirects": options.redirects,
-        "tee": options.tee,
-        "local_ranks_filter": options.local_ranks_filter,
-    }
     if per_node is not None and per_node < 1:  # named per node, as typed
         raise CliError(f"--nproc-per-node must be >= 1, got {per_node}", EXIT_USAGE)
-    given = {name: value for name, value in given.items() if value is not None}
-    if options.preemption_signal is not None:  # "none" is a value here, not "not given"
-        given["preemption_signal"] = None if options.preemption_signal.lower() == "none" else options.preemption_signal
-    try:
-        return RunConfig(
-            **given,
-            init_process_group=options.backend is not None,
-            retry_on_exception=True,  # torchrun restarts after any failure
-        )
-    except (TypeError, ValueError) as error:
-        raise CliError(_as_flags(str(error)), EXIT_USAGE) from None
+    derived: Dict[str, Any] = {}
+    if per_node is not None:
+        low, high = per_node * min_nodes, per_node * max_nodes
+        derived["num_workers"] = low if low == high else (low, high)
+    if accelerator is not None:
+        derived["accelerator"] = accelerator
+    if options.placement_strategy is None and max_nodes > 1:
+        derived["placement_strategy"] = "SPREAD"
+    return derived
 
 
 def _as_flags(message: str) -> str:
     """A RunConfig message with option names spelled as this command's flags."""
-    return re.sub(r"\b(" + "|".join(FLAG_OF_OPTION) + r")\b", lambda m: FLAG_OF_OPTION[m.group(1)], message)
+    flag_of = {option.name: flag.flag for option, flag in cli_options()}
+    return re.sub(r"\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
 
 
 def _check_script(path: str) -> str:
@@ -470,10 +343,10 @@ def execute(plan: RunPlan) -> int:
     import ray
 
     from raydist.api import run
-    from raydist.pool.connect import connect
-    from raydist.pool.ray_private import shutdown_ray
-    from raydist.pool.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
-    from raydist.pool.script import run_script
+    from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
+    from raydist.pool.cluster.connect import connect
+    from raydist.pool.cluster.ray_private import shutdown_ray
+    from raydist.pool.worker.script import run_script
 
     name = plan.target_as_typed
     connected_here = False

@@ -8,21 +8,26 @@ at once with the option's name. The CLI builds one from flags, ``run`` and
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
+import json
 import math
 import os
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
 
 from raydist.core.accelerators import (
     ACCELERATOR_CHOICES,
     BY_NAME,
     DEVICE_RESOURCES,
     VISIBLE_DEVICES_VARS,
+    auto_help,
+    kinds_help,
 )
+from raydist.core.backend import TORCH_BACKEND, backend_entry, reserved_env
 
 PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
@@ -30,15 +35,16 @@ PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRIC
 DEFAULT_OBJECT_STORE_THRESHOLD = 4 << 20
 
 # The launcher variables raydist sets per rank: an override would give ranks
-# a world that disagrees with the real one (a hang, or a port clash).
-RESERVED_ENV_VARS = frozenset(
+# a world that disagrees with the real one (a hang, or a port clash). Each
+# backend's launcher side adds its own (the registry's reserved_env).
+LAUNCHER_ENV_VARS = frozenset(
     {
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
         *VISIBLE_DEVICES_VARS,
     }
 )
-RESERVED_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "HOROVOD_GLOO_RENDEZVOUS_", "RAYDIST_")
+LAUNCHER_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "RAYDIST_")
 
 # Ray's built-in resources, spelled as Ray spells them ("gpu" is a typo, not a custom resource).
 _RAY_RESOURCES = ("CPU", "memory", "object_store_memory", *DEVICE_RESOURCES)
@@ -132,16 +138,24 @@ def _check_signal(name: Any) -> str:
     return name.upper()
 
 
+def reserved_env_vars() -> Tuple[FrozenSet[str], Tuple[str, ...]]:
+    """The variables (and prefixes) ``env`` may not set: the launcher's, and
+    those of every registered backend's launcher side."""
+    names, prefixes = reserved_env()
+    return LAUNCHER_ENV_VARS | names, LAUNCHER_ENV_PREFIXES + prefixes
+
+
 def check_env(env: Any) -> Dict[str, str]:
     """Extra worker variables: strings only, none of the launcher variables raydist sets."""
     if not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of variable names to strings, not {_type_name(env)}")
+    reserved, reserved_prefixes = reserved_env_vars() if env else (frozenset(), ())
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise ValueError(f"env key {key!r} is not a valid environment variable name")
         if not isinstance(value, str):
             raise TypeError(f"env[{key!r}] must be a string, not {_type_name(value)} {value!r}")
-        if key in RESERVED_ENV_VARS or key.startswith(RESERVED_ENV_PREFIXES):
+        if key in reserved or key.startswith(reserved_prefixes):
             raise ValueError(
                 f"env[{key!r}]: raydist sets {key} on every rank from where the workers run; "
                 "choose the world with num_workers / resources_per_worker instead"
@@ -213,6 +227,83 @@ def check_log_dir(value: Any) -> str:
     return path
 
 
+# -- the command line's side of each option ----------------------------------
+#
+# A RunConfig field that ``raydist run`` exposes carries a ``CliFlag`` in its
+# metadata (under CLI): cli.py generates the flag from it. A new option the
+# CLI exposes is therefore one field here (+ the code using it + a README row).
+
+CLI = "raydist.cli"
+
+
+@dataclass(frozen=True)
+class CliFlag:
+    """How ``raydist run`` spells and reads one RunConfig option."""
+
+    flags: Tuple[str, ...]  # every spelling, torchrun's underscore aliases included
+    help: str  # "{default}" is replaced with the option's default
+    parse: Optional[Callable[[str], Any]] = None  # argparse type: text -> value (RunConfig checks it)
+    metavar: Optional[str] = None
+    action: Optional[str] = None  # argparse action: "store_true", "append"
+    choices: Optional[Tuple[str, ...]] = None
+    to_option: Optional[Callable[[Any], Any]] = None  # parsed flag value -> option value
+    # False: the option comes from CLI-only flags (num_workers from -n and
+    # --nnodes); ``flag`` still names it in messages.
+    generated: bool = True
+
+    @property
+    def flag(self) -> str:
+        """The spelling that messages use: the first long one."""
+        return next((f for f in self.flags if f.startswith("--")), self.flags[0])
+
+    def help_for(self, default: Any) -> str:
+        return self.help.format(default=default)
+
+
+def cli(*flags: str, help: str, **kwargs: Any) -> Dict[str, CliFlag]:
+    """A field's metadata for its ``raydist run`` flag."""
+    return {CLI: CliFlag(flags=flags, help=help, **kwargs)}
+
+
+def _converter(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse type that only converts (RunConfig checks the value)."""
+
+    def parse(value: str) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+
+    return parse
+
+
+parse_int = _converter(int, "a whole number")
+parse_seconds = _converter(float, "a number of seconds")
+
+
+def parse_resources(value: str) -> Dict[str, Any]:
+    """``--resources-per-worker``'s JSON object."""
+    try:
+        resources = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {value!r}") from None
+    if not isinstance(resources, dict):
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as \'{{"CPU": 2}}\', got {value!r}')
+    return resources
+
+
+def parse_env_pair(value: str) -> Tuple[str, str]:
+    """One ``--env KEY=VALUE``."""
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key, val
+
+
+def _signal_or_none(value: str) -> Optional[str]:
+    return None if value.lower() == "none" else value
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The options of one run. Built once (checked in ``__post_init__``), never changed.
@@ -264,26 +355,153 @@ class RunConfig:
         None: no signal, only the deadline.
     """
 
-    num_workers: Union[None, int, Tuple[int, int]] = None
-    accelerator: str = "auto"
-    resources_per_worker: Mapping[str, float] = field(default_factory=dict)
-    backend: Optional[str] = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    placement_strategy: str = "PACK"
-    timeout: Optional[float] = None
-    startup_timeout: float = 300.0
-    max_restarts: int = 0
-    retry_on_exception: bool = False
-    address: Optional[str] = None
-    init_process_group: bool = True
+    num_workers: Union[None, int, Tuple[int, int]] = field(
+        default=None, metadata=cli("--nproc-per-node", help="set by -n/--nproc-per-node and --nnodes", generated=False)
+    )
+    accelerator: str = field(
+        default="auto",
+        metadata=cli(
+            "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
+            help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
+        ),
+    )
+    resources_per_worker: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata=cli(
+            "--resources-per-worker", parse=parse_resources, metavar="JSON",
+            help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
+            "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
+            'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
+            "plus 1 device",
+        ),
+    )
+    backend: Optional[str] = field(
+        default=None,
+        metadata=cli(
+            "--backend", metavar="NAME",
+            help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
+            "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
+            "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
+            "direct dist.init_process_group() call would fail). Default: leave initialization to the "
+            "script, as torchrun does",
+        ),
+    )
+    env: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=cli(
+            "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
+            help="set an environment variable on every worker (repeatable); workers on a "
+            "remote cluster do not inherit this shell's environment",
+        ),
+    )
+    placement_strategy: str = field(
+        default="PACK",
+        metadata=cli(
+            "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
+            metavar="STRATEGY",
+            help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
+            "(default: {default}, or SPREAD with --nnodes above 1)",
+        ),
+    )
+    timeout: Optional[float] = field(
+        default=None,
+        metadata=cli(
+            "--timeout", parse=parse_seconds, metavar="SECONDS",
+            help="stop the run and fail if the script has not finished on every rank after "
+            "this many seconds (default: no limit)",
+        ),
+    )
+    startup_timeout: float = field(
+        default=300.0,
+        metadata=cli(
+            "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
+            help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
+            "provide the workers, and for them to initialise (default {default:g}); a request the "
+            "cluster can never meet fails at once",
+        ),
+    )
+    max_restarts: int = field(
+        default=0,
+        metadata=cli(
+            "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
+            help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
+            "group on fresh workers and rerun the script, up to K times, as torchrun does "
+            "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
+        ),
+    )
+    retry_on_exception: bool = False  # raydist run: always (torchrun restarts after any failure)
+    address: Optional[str] = field(
+        default=None,
+        metadata=cli(
+            "--address", metavar="ADDRESS",
+            help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
+            "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
+            "inside `ray job submit`), else the cluster started with `ray start` on this "
+            "machine, else a private local Ray (no dashboard) that stops when the run ends",
+        ),
+    )
+    init_process_group: bool = True  # raydist run: only with --backend
     object_store_threshold: Optional[int] = DEFAULT_OBJECT_STORE_THRESHOLD
-    pg_timeout: Optional[float] = None
-    log_dir: Optional[str] = None
-    redirects: StdSpec = STD_NONE
-    tee: StdSpec = STD_NONE
-    local_ranks_filter: Optional[Tuple[int, ...]] = None
-    restart_to_grow: bool = False
-    preemption_signal: Optional[str] = "SIGTERM"
+    pg_timeout: Optional[float] = field(
+        default=None,
+        metadata=cli(
+            "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
+            help="how long a collective may wait before the process group fails it (torch's "
+            "init_process_group timeout); applies with --backend, where raydist initialises the group",
+        ),
+    )
+    log_dir: Optional[str] = field(
+        default=None,
+        metadata=cli(
+            "--log-dir", "--log_dir", metavar="DIR",
+            help="directory for per-rank log files, laid out as torchrun does: "
+            "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
+            "restart. Written on this machine (the driver's), for every rank on every node",
+        ),
+    )
+    redirects: StdSpec = field(
+        default=STD_NONE,
+        metadata=cli(
+            "-r", "--redirects", metavar="CODES",
+            help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
+            "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
+            "the files go to a new temporary directory (default {default})",
+        ),
+    )
+    tee: StdSpec = field(
+        default=STD_NONE,
+        metadata=cli(
+            "-t", "--tee", metavar="CODES",
+            help="send streams to the log files and the console (codes as for --redirects; default {default})",
+        ),
+    )
+    local_ranks_filter: Optional[Tuple[int, ...]] = field(
+        default=None,
+        metadata=cli(
+            "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
+            help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
+            "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
+            "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
+        ),
+    )
+    restart_to_grow: bool = field(
+        default=False,
+        metadata=cli(
+            "--restart-to-grow", action="store_true",
+            help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
+            "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
+            "on a membership change (not counted against --max-restarts)",
+        ),
+    )
+    preemption_signal: Optional[str] = field(
+        default="SIGTERM",
+        metadata=cli(
+            "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
+            help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
+            "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
+            "'none' for no signal (default: {default})",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._check_num_workers()
@@ -302,7 +520,9 @@ class RunConfig:
         _check_int("max_restarts", self.max_restarts, 0)
         _check_bool("retry_on_exception", self.retry_on_exception)
         _check_bool("init_process_group", self.init_process_group)
-        if self.backend is not None and self.backend != "horovod" and not self.init_process_group:
+        if self.backend is not None and not self.init_process_group and backend_entry(self.backend).name == TORCH_BACKEND:
+            # torch.distributed's backends name what init_process_group would use;
+            # another backend (horovod, a plugin) is always initialised.
             raise ValueError(f"backend={self.backend!r} has no effect with init_process_group=False")
         if self.object_store_threshold is not None:
             _check_int("object_store_threshold", self.object_store_threshold, 0)
@@ -387,6 +607,18 @@ class RunConfig:
 OPTION_NAMES: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
+def option_default(option: "dataclasses.Field[Any]") -> Any:
+    """A RunConfig field's default value (a fresh one for a factory)."""
+    if option.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return option.default_factory()  # type: ignore[misc]
+    return option.default
+
+
+def cli_options() -> Tuple[Tuple["dataclasses.Field[Any]", CliFlag], ...]:
+    """Every RunConfig field ``raydist run`` sets, with its flag, in field order."""
+    return tuple((f, f.metadata[CLI]) for f in dataclasses.fields(RunConfig) if CLI in f.metadata)
+
+
 def make_config(config: Optional[RunConfig], options: Mapping[str, Any]) -> RunConfig:
     """``config`` (or the defaults) with keyword ``options`` applied; TypeError for unknown names."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
@@ -416,4 +648,7 @@ def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[An
     return tuple(args), dict(kwargs)
 
 
-__all__ = ["RunConfig", "OPTION_NAMES", "PLACEMENT_STRATEGIES", "make_config", "check_call", "parse_std", "parse_local_ranks"]
+__all__ = [
+    "RunConfig", "OPTION_NAMES", "CliFlag", "cli_options", "PLACEMENT_STRATEGIES",
+    "make_config", "check_call", "parse_std", "parse_local_ranks",
+]

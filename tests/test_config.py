@@ -136,12 +136,13 @@ def test_readme_lists_every_option_with_its_default() -> None:
 
 
 def test_cli_flags_map_to_options() -> None:
-    from raydist.cli import FLAG_OF_OPTION, build_parser
+    from raydist.cli import build_parser
+    from raydist.config import cli_options
 
-    assert set(FLAG_OF_OPTION) <= set(OPTION_NAMES)
+    assert {option.name for option, _ in cli_options()} <= set(OPTION_NAMES)
     _, run_parser = build_parser()
     flags = {option for action in run_parser._actions for option in action.option_strings}
-    assert set(FLAG_OF_OPTION.values()) <= flags
+    assert {flag.flag for _, flag in cli_options()} <= flags
 
 
 # -- through the public API, on a live Ray: nothing starts ------------------

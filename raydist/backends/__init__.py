@@ -1,2 +1,4 @@
 """The communication backends behind ``raydist.core.backend.Backend``: one
-class each, Ray-free, chosen once per process by ``init_distributed()``."""
+class each, Ray-free, built by ``init_distributed()`` from its registry entry
+(``raydist.core.backend.BUILTIN_BACKENDS``). Modules here import only
+``raydist.core``."""

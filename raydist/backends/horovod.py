@@ -7,20 +7,15 @@ payload goes only to the rank that keeps it, as with torch.distributed.
 
 from __future__ import annotations
 
+import datetime
 import os
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
 import torch
 
-from raydist.core.backend import Backend
+from raydist.core.backend import HOROVOD_INSTALL_HINT, Backend
 from raydist.core.environment import WorldInfo
-
-HOROVOD_INSTALL_HINT = (
-    "horovod is not installed: install it with scripts/install-horovod.sh "
-    "(horovod 0.28.1 needs a C++17 patch to build against current torch), "
-    "or `pip install 'raydist[horovod]'` where a compatible wheel exists"
-)
 # raydist's driver gives each horovod worker its node's IP here; horovod's
 # gloo binds to a network interface, so the worker looks up the one holding it.
 NODE_IP_VAR = "RAYDIST_HOROVOD_NODE_IP"
@@ -64,7 +59,13 @@ class HorovodBackend(Backend):
 
     name = "horovod"
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        backend: Optional[str] = None,
+        dist_url: Optional[str] = None,
+        timeout: Optional[datetime.timedelta] = None,
+    ) -> None:
+        # horovod finds its peers through its own variables: no URL, no timeout.
         self._hvd = import_horovod()
         import cloudpickle  # a dependency of horovod
 

@@ -40,11 +40,11 @@ class TorchDistributedBackend(Backend):
 
     def __init__(
         self,
-        name: Optional[str] = None,
+        backend: Optional[str] = None,
         dist_url: Optional[str] = None,
         timeout: Optional[datetime.timedelta] = None,
     ) -> None:
-        self.name = name
+        self.name = backend
         self._dist_url = dist_url
         self._timeout = timeout
         self._object_device: Optional[torch.device] = None

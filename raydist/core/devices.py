@@ -1,7 +1,9 @@
 """Accelerator kinds: availability, pinning a device, and the matching backend.
 
-Vendor extensions (torch_npu, habana_frameworks, intel_extension_for_pytorch)
-are imported lazily; a missing extension means "not available", never a crash.
+Every fact about a kind (its torch module, vendor extension, detection
+order, default backend) comes from its row in ``raydist.core.accelerators``.
+Vendor extensions (torch_npu, habana_frameworks) are imported lazily; a
+missing extension means "not available", never a crash.
 """
 
 from __future__ import annotations
@@ -15,15 +17,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from raydist.core.accelerators import BY_DEVICE_TYPE
-
-KNOWN_DEVICE_TYPES = ("cuda", "npu", "xpu", "hpu", "mps", "cpu")
-
-# Extension that registers the device with torch, for kinds torch lacks natively.
-_VENDOR_EXTENSIONS = {
-    "npu": "torch_npu",
-    "hpu": "habana_frameworks.torch",
-}
+from raydist.core.accelerators import BY_DEVICE_TYPE, CPU, DETECT_ORDER, Accelerator
 
 
 def _import_optional(name: str) -> Optional[ModuleType]:
@@ -39,10 +33,18 @@ def device_module(device_type: str) -> Optional[ModuleType]:
     Returns None when the kind is unknown to this torch or its extension is
     not installed.
     """
-    if device_type in _VENDOR_EXTENSIONS and not hasattr(torch, device_type):
-        _import_optional(_VENDOR_EXTENSIONS[device_type])
+    row = BY_DEVICE_TYPE.get(device_type)
+    if row is not None and row.extension and not hasattr(torch, device_type):
+        _import_optional(row.extension)
     module = getattr(torch, device_type, None)
     return module if isinstance(module, ModuleType) else None
+
+
+def _probe(row: Accelerator) -> Optional[ModuleType]:
+    """The module whose ``is_available()`` tells whether ``row``'s kind is here."""
+    if row.probe_module is None:
+        return device_module(row.device_type)
+    return _import_optional(row.probe_module)
 
 
 def device_type_of(device: str | torch.device) -> str:
@@ -54,30 +56,28 @@ def device_type_of(device: str | torch.device) -> str:
 
 def is_device_available(device: str | torch.device) -> Tuple[bool, bool]:
     """Return ``(is_available, is_known)`` for a device string such as ``"npu:0"``."""
-    device_type = device_type_of(device)
-    if device_type == "cpu":
+    row = BY_DEVICE_TYPE.get(device_type_of(device))
+    if row is None:
+        return False, False
+    if row is CPU:
         return True, True
-    if device_type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        return bool(mps is not None and mps.is_available()), True
-    if device_type in KNOWN_DEVICE_TYPES:
-        module = device_module(device_type)
-        try:
-            available = bool(module is not None and module.is_available())
-        except Exception:  # a half-installed driver stack
-            available = False
-        return available, True
-    return False, False
+    module = _probe(row)
+    try:
+        available = bool(module is not None and module.is_available())
+    except Exception:  # a half-installed driver stack
+        available = False
+    return available, True
 
 
 def device_count(device_type: str) -> int:
     """Number of visible devices of this kind (0 when unavailable; 1 for cpu/mps)."""
-    if device_type == "cpu":
+    row = BY_DEVICE_TYPE.get(device_type)
+    if row is CPU:
         return 1
     available, known = is_device_available(device_type)
     if not (available and known):
         return 0
-    if device_type == "mps":
+    if row is not None and not row.indexed:
         return 1
     module = device_module(device_type)
     try:
@@ -90,7 +90,7 @@ def set_device(device: str | torch.device) -> None:
     """Make ``device`` the current device of its kind; a no-op for cpu and mps."""
     device = str(device)
     device_type = device_type_of(device)
-    if device_type in ("cpu", "mps"):
+    if not is_indexed(device_type):
         return
     module = device_module(device_type)
     if module is None or not hasattr(module, "set_device"):
@@ -117,17 +117,27 @@ def default_backend(device_type: str) -> str:
     row = BY_DEVICE_TYPE.get(device_type)
     if row is None:
         return "gloo"
-    if device_type == "xpu" and not _has_backend("xccl"):
-        if importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None:
-            return "ccl"
-        warnings.warn("no xccl or oneCCL backend for xpu in this torch; using gloo")
+    fallback = row.fallback
+    if fallback is not None and not _has_backend(row.default_backend):
+        if importlib.util.find_spec(fallback.module) is not None:
+            return fallback.backend
+        warnings.warn(
+            f"no {row.default_backend} or {fallback.label} backend for {device_type} in this torch; using gloo"
+        )
         return "gloo"
     return row.default_backend
 
 
 def accelerator_type() -> str:
     """The best device kind available in this process: an accelerator, else cpu."""
-    for device_type in ("cuda", "npu", "xpu", "hpu", "mps"):
-        if is_device_available(device_type)[0]:
-            return device_type
-    return "cpu"
+    for row in DETECT_ORDER:
+        if is_device_available(row.device_type)[0]:
+            return row.device_type
+    return CPU.device_type
+
+
+def is_indexed(device_type: str) -> bool:
+    """Whether a process picks one of several devices of this kind (cuda:0,
+    cuda:1); False for cpu and mps. Unknown kinds are taken to be indexed."""
+    row = BY_DEVICE_TYPE.get(device_type)
+    return row is None or row.indexed

@@ -2,7 +2,8 @@
 
 ``init_distributed()`` is what each worker runs before the user's code, whether
 it was started by torchrun, SLURM, horovodrun or raydist's Ray actor pool.
-It chooses the process's backend once (horovod, or torch.distributed under a
+It chooses the process's backend once by name from the registry
+(``raydist.core.backend``: horovod, a plugin, or torch.distributed under a
 launcher, or none for a single process) and returns an immutable ``DistInfo``
 record that the object collectives and ``get_context()`` read.
 """
@@ -19,12 +20,9 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from raydist.backends.horovod import HorovodBackend
-from raydist.backends.torch_distributed import TorchDistributedBackend
-from raydist.core.backend import Backend
-from raydist.core.devices import accelerator_type, device_type_of, is_device_available, set_device
+from raydist.core.backend import TORCH_BACKEND, Backend, BackendEntry, backend_entry, load
+from raydist.core.devices import accelerator_type, device_type_of, is_device_available, is_indexed, set_device
 from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, is_using_distributed
-
 
 
 @dataclass(frozen=True)
@@ -70,21 +68,23 @@ def _resolve_device(device: Optional[str]) -> str:
 
 
 def _choose_backend(
-    horovod: bool, backend: Optional[str], dist_url: Optional[str], timeout: Optional[datetime.timedelta]
+    entry: BackendEntry, backend: Optional[str], dist_url: Optional[str], timeout: Optional[datetime.timedelta]
 ) -> Optional[Backend]:
-    """The backend this process joins its job through; None outside any job."""
-    if horovod:
-        return HorovodBackend()
-    if is_using_distributed():
-        return TorchDistributedBackend(backend, dist_url, timeout)
-    return None
+    """The backend this process joins its job through, built from ``entry``;
+    None outside any job (torch.distributed without launcher variables). Any
+    other backend is used as asked, in one process too, as horovod is."""
+    if entry.name == TORCH_BACKEND and not is_using_distributed():
+        return None
+    # The name goes along when it is not the entry's own: torch.distributed's "gloo", "nccl", ...
+    own_name = backend is None or backend.strip().lower() == entry.name
+    return load(entry.worker)(None if own_name else backend, dist_url, timeout)
 
 
 def _device_index(device: str, local_rank: int, distributed: bool) -> Optional[int]:
     """Which device of ``device``'s kind this process uses: raydist's
     assignment, else the local rank (torchrun's rule), else the index in
     ``device``; None for cpu/mps."""
-    if device_type_of(device) in ("cpu", "mps"):
+    if not is_indexed(device_type_of(device)):
         return None
     if DEVICE_INDEX_VAR in os.environ:
         value = os.environ[DEVICE_INDEX_VAR]
@@ -109,7 +109,9 @@ def init_distributed(
 
     ``device`` is ``"cuda"``, ``"npu:1"``, ... or None for the best available
     kind; an unavailable device falls back to CPU with a warning. ``backend``
-    defaults to the device's (nccl, hccl, xccl, gloo). Without launcher
+    is a name from the backend registry ("horovod", a plugin's) or, for
+    torch.distributed, its backend (default: the device's: nccl, hccl, xccl,
+    gloo); ``horovod=True`` is ``backend="horovod"``. Without launcher
     variables (world size 1) nothing is initialised. In distributed mode the
     device is pinned to this process's own (``DistInfo.device_index``: under
     raydist the worker's first device, else the local rank as under torchrun)
@@ -124,14 +126,15 @@ def init_distributed(
         requested = device or accelerator_type()
         device = _resolve_device(device)
         device_type = device_type_of(device)
-        chosen = _choose_backend(horovod, backend, dist_url, timeout)
+        entry = backend_entry("horovod" if horovod else backend)
+        chosen = _choose_backend(entry, backend, dist_url, timeout)
         world = chosen.init(device_type) if chosen is not None else WorldInfo()
         distributed = chosen is not None
 
         # Computed from the kind asked for, so that it is right even where
         # torch fell back to CPU (fake devices in tests).
         device_index = _device_index(requested, world.local_rank, distributed)
-        if distributed and not no_set_device_rank and device_type not in ("cpu", "mps"):
+        if distributed and not no_set_device_rank and is_indexed(device_type):
             if ":" in device and device != f"{device_type}:{device_index}":
                 warnings.warn(f"device index removed from {device}: using this process's device {device_index}")
             device = f"{device_type}:{device_index}"
@@ -146,7 +149,7 @@ def init_distributed(
             device=device,
             backend=chosen.name if chosen is not None else None,
             distributed=distributed,
-            horovod=horovod,
+            horovod=entry.name == "horovod",
             device_index=device_index,
         )
         _backend = chosen
