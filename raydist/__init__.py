@@ -34,15 +34,18 @@ _EXPORTS = {
     "preemption_requested": "raydist.core.preemption",
     # The pool: Ray.
     "run": "raydist.api",
-    "WorkerGroup": "raydist.pool.group",
-    "WorkerFuture": "raydist.pool.group",
-    "WorkerInfo": "raydist.pool.group",
-    "WorkerGroupError": "raydist.pool.errors",
-    "WorkerFailure": "raydist.pool.errors",
-    "WorkerGroupTimeout": "raydist.pool.errors",
-    "InfeasibleResourcesError": "raydist.pool.errors",
-    "WorkerStartupTimeout": "raydist.pool.errors",
-    "WorkerCallCancelled": "raydist.pool.errors",
+    "WorkerGroup": "raydist.pool.driver.group",
+    "WorkerFuture": "raydist.pool.driver.group",
+    "WorkerInfo": "raydist.pool.driver.group",
+    "RaydistError": "raydist.errors",
+    "WorkerGroupError": "raydist.errors",
+    "WorkerGroupStopped": "raydist.errors",
+    "WorkerGroupClosed": "raydist.errors",
+    "WorkerFailure": "raydist.errors",
+    "WorkerGroupTimeout": "raydist.errors",
+    "InfeasibleResourcesError": "raydist.errors",
+    "WorkerStartupTimeout": "raydist.errors",
+    "WorkerCallCancelled": "raydist.errors",
 }
 _SUBMODULES = {"compat": "raydist.core.compat"}  # `from raydist import compat`, open_clip's helpers
 
@@ -54,15 +57,18 @@ if TYPE_CHECKING:
     from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
     from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
     from raydist.core.preemption import preemption_requested
-    from raydist.pool.errors import (
+    from raydist.errors import (
         InfeasibleResourcesError,
+        RaydistError,
+        WorkerGroupClosed,
+        WorkerGroupStopped,
         WorkerCallCancelled,
         WorkerFailure,
         WorkerGroupError,
         WorkerGroupTimeout,
         WorkerStartupTimeout,
     )
-    from raydist.pool.group import WorkerFuture, WorkerGroup, WorkerInfo
+    from raydist.pool.driver.group import WorkerFuture, WorkerGroup, WorkerInfo
 
 
 def __getattr__(name: str) -> Any:

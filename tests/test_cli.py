@@ -216,7 +216,7 @@ def test_sys_exit_code_becomes_the_exit_status(cli_env: Dict[str, str]) -> None:
 @pytest.mark.parametrize("code", [3, -1, 300, 255])
 def test_exit_status_is_what_python_gives_for_the_same_sys_exit(code: int) -> None:
     from raydist.cli import failure_status
-    from raydist.pool.errors import WorkerFailure
+    from raydist.errors import WorkerFailure
 
     plain = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code})"]).returncode
     failures = [WorkerFailure(rank=r, node_id="n", node_ip="ip", pid=r, timestamp=0.0, exit_code=code) for r in (0, 1)]

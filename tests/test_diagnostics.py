@@ -16,7 +16,8 @@ import torch.distributed as dist
 from conftest import live_placement_groups, live_raydist_actors
 
 import raydist
-from raydist.pool.diagnostics import explain_death, format_stacks, ranks_text, summarize_stack
+from raydist.pool.rules.explain import explain_death, format_stacks, summarize_stack
+from raydist.pool.rules.text import ranks_text
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +51,7 @@ def test_ranks_text_folds_spans() -> None:
     assert ranks_text([8, 0, 1, 2, 3, 4, 5, 6, 10, 11]) == "ranks 0-6, 8, 10-11"
 
 
-WORKER = os.path.join("site-packages", "raydist", "pool", "worker.py")
+WORKER = os.path.join("site-packages", "raydist", "pool", "worker", "actor.py")
 DUMP_IN_BARRIER = f'''Thread 0x00007f0000000001 (most recent call first):
   File "/x/threading.py", line 320 in wait
   File "/x/site-packages/ray/_private/worker.py", line 900 in other

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from conftest import REPO, live_placement_groups, start_cluster
 
 import raydist
-from raydist.pool.elastic import RestartReason, elastic_size, restart_line, workers_that_fit
+from raydist.pool.rules.policy import RestartReason, restart_line
+from raydist.pool.rules.sizing import elastic_size, workers_that_fit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -100,7 +101,7 @@ def wait_for_files(directory: Path, count: int, timeout: float = 120) -> List[Di
 
 def wait_until_idle(timeout: float = 30) -> None:
     """Until every alive node's CPUs show as free (Ray frees a torn-down group's a moment later)."""
-    from raydist.pool.ray_private import available_resources_per_node
+    from raydist.pool.cluster.ray_private import available_resources_per_node
 
     deadline = time.monotonic() + timeout
     while True:
@@ -277,7 +278,7 @@ def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path) -> None:
 
 
 def _draining() -> Dict[str, float]:
-    from raydist.pool.ray_private import draining_nodes
+    from raydist.pool.cluster.ray_private import draining_nodes
 
     return draining_nodes()
 

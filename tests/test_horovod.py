@@ -18,8 +18,9 @@ from conftest import REPO, live_placement_groups, live_raydist_actors, start_clu
 
 import raydist
 from raydist.backends.horovod import interface_for_ip
-from raydist.pool.horovod import HorovodRendezvous
-from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
+from raydist.pool.driver.horovod_rendezvous import HorovodRendezvous
+from raydist.pool.records import Placement, WorkerInfo
+from raydist.pool.rules.layout import assign_ranks
 
 hvd = pytest.importorskip("horovod.torch", reason="horovod is installed by `make test`")
 pytestmark = pytest.mark.timeout(240)

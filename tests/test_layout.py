@@ -8,7 +8,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
-from raydist.pool.layout import Placement, WorkerInfo, assign_ranks
+from raydist.pool.records import Placement, WorkerInfo
+from raydist.pool.rules.layout import assign_ranks
 
 DRIVER = "node-a"
 

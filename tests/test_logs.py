@@ -21,8 +21,9 @@ from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from test_cli import REPO, cli_env, explain, ray_tmpdir  # noqa: F401 - fixtures
 
 from raydist.config import RunConfig, parse_local_ranks, parse_std
-from raydist.pool.layout import WorkerInfo
-from raydist.pool.logs import RankLog, RunLogs, console_prefix, line_prefix, rank_route
+from raydist.pool.records import WorkerInfo
+from raydist.pool.driver.log_files import RankLog, RunLogs
+from raydist.pool.rules.logs import console_prefix, line_prefix, rank_route
 
 CODES = ["0", "1", "2", "3", "0:1", "1:2", "0:3,1:1", "0:2,2:3"]
 

@@ -13,7 +13,7 @@ from conftest import ray_address, use_local_ray
 
 import raydist
 from raydist.core import collectives
-from raydist.pool.object_store import estimated_nbytes
+from raydist.pool.worker.object_store import estimated_nbytes
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
 

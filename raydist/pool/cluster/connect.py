@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import ray
 
-from raydist.pool import ray_private
+from raydist.pool.cluster import ray_private
 
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001

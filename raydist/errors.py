@@ -11,6 +11,17 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from raydist.pool.records import CallEnd
+from raydist.pool.rules.text import ranks_text
+
+
+class RaydistError(Exception):
+    """The base of every error raydist raises about a run (each also keeps the
+    built-in base it always had, so existing ``except`` clauses still catch it)."""
+
+    # How the call ended, as the group classified it (see raydist.pool.rules.policy).
+    end: Optional[CallEnd] = None
+
 
 @dataclass(frozen=True)
 class WorkerFailure:
@@ -32,6 +43,16 @@ class WorkerFailure:
         """The process died, as opposed to raising or exiting."""
         return self.died is not None
 
+    def summary(self) -> str:
+        """The cause in one line: the exception line of a traceback, the exit
+        status, or how the process died (not the last line it printed)."""
+        if self.traceback is not None:
+            lines = [line for line in self.traceback.strip().splitlines() if line.strip()]
+            return lines[-1].strip() if lines else "raised"
+        if self.exit_code is not None:
+            return f"exited with status {self.exit_code}"
+        return f"process died: {self.died}"
+
     def describe(self) -> str:
         if self.traceback is not None:
             return self.traceback.rstrip()
@@ -45,10 +66,6 @@ class WorkerFailure:
         return text
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
 def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> str:
     """Failures grouped by identical detail, the root cause first."""
     groups: Dict[str, List[WorkerFailure]] = {}
@@ -60,12 +77,18 @@ def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> s
         where = "; ".join(sorted({f"node {m.node_id[:12]} ({m.node_ip})" for m in members}))
         pids = ", ".join(str(m.pid) for m in members)
         tag = " [root cause]" if root in members else ""
-        lines.append(f"--- {_ranks_text(ranks)}{tag} on {where}, pid {pids}:")
+        lines.append(f"--- {ranks_text(ranks)}{tag} on {where}, pid {pids}:")
         lines.append(detail)
     return "\n".join(lines)
 
 
-class WorkerGroupError(RuntimeError):
+def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
+    """The earliest failure, except that a process death wins: peers of a
+    dead rank fail in their collectives *because* of it."""
+    return min(failures, key=lambda f: (not f.crashed, f.timestamp, f.rank))
+
+
+class WorkerGroupError(RaydistError, RuntimeError):
     """One or more ranks failed; the whole group was torn down."""
 
     def __init__(
@@ -79,9 +102,7 @@ class WorkerGroupError(RuntimeError):
         # Nodes of failed ranks that Ray was draining: a preemption, not a fault.
         self.preempted_nodes: List[str] = list(preempted_nodes)
         self.failures: List[WorkerFailure] = sorted(failures, key=lambda f: f.rank)
-        # The earliest failure, except that a process death wins: peers of a
-        # dead rank fail in their collectives *because* of it.
-        self.root_cause: WorkerFailure = min(failures, key=lambda f: (not f.crashed, f.timestamp, f.rank))
+        self.root_cause: WorkerFailure = root_cause(failures)
         self.attempts: Tuple[BaseException, ...] = tuple(attempts)  # earlier attempts' errors, oldest first
         super().__init__(self._message())
 
@@ -111,45 +132,42 @@ class WorkerGroupError(RuntimeError):
 
 def _attempt_summary(error: BaseException) -> str:
     if isinstance(error, WorkerGroupError):
-        cause = error.root_cause
-        last_line = cause.describe().splitlines()[-1] if cause.describe() else ""
         preempted = " (preempted)" if error.preempted_nodes else ""
-        return f"rank {cause.rank}{preempted}: {last_line}"
+        return f"rank {error.root_cause.rank}{preempted}: {error.root_cause.summary()}"
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-class WorkerGroupRestart(Exception):
-    """The group stopped itself to be restarted larger (``restart_to_grow``)."""
-
-    def __init__(self, reason: str, world_size: int):
-        self.reason = reason
-        self.world_size = world_size
-        super().__init__(f"stopped to grow: {reason}")
+class WorkerGroupStopped(RaydistError, RuntimeError):
+    """raydist stopped the group itself: the cluster has room for more of an
+    elastic group's workers (``restart_to_grow``); ``raydist.run`` restarts it larger."""
 
 
-class WorkerGroupTimeout(TimeoutError):
+class WorkerGroupClosed(RaydistError, RuntimeError):
+    """The group (or the Ray it ran in) was shut down while a call ran."""
+
+
+class WorkerGroupTimeout(RaydistError, TimeoutError):
     """The call did not finish in time; the group was torn down."""
 
     def __init__(self, timeout: float, unfinished_ranks: Sequence[int], stacks: str = ""):
         self.timeout = timeout
         self.unfinished_ranks: List[int] = sorted(unfinished_ranks)
         self.stacks = stacks  # where each unfinished rank was, grouped (see WorkerGroup.stacks)
-        message = f"timed out after {timeout:g} s; {_ranks_text(self.unfinished_ranks)} had not finished"
+        message = f"timed out after {timeout:g} s; {ranks_text(self.unfinished_ranks)} had not finished"
         if stacks:
             message += "; where they were:\n" + stacks
         super().__init__(message)
 
 
-class WorkerCallCancelled(CancelledError):
+class WorkerCallCancelled(RaydistError, CancelledError):
     """The call was cancelled (``WorkerFuture.cancel``); its group was shut down."""
 
 
-class InfeasibleResourcesError(RuntimeError):
+class InfeasibleResourcesError(RaydistError, RuntimeError):
     """The cluster cannot (or did not in time) provide the requested workers."""
 
 
-
-class WorkerStartupTimeout(TimeoutError):
+class WorkerStartupTimeout(RaydistError, TimeoutError):
     """The workers did not start or initialise within ``startup_timeout``
     (as opposed to a call that ran too long); the group was torn down."""
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
 import ray
 
 from raydist.backends.horovod import NODE_IP_VAR, import_horovod
-from raydist.pool.layout import WorkerInfo
+from raydist.pool.records import WorkerInfo
 
 if TYPE_CHECKING:  # horovod is imported only when a horovod group starts
     from http.server import BaseHTTPRequestHandler
@@ -135,17 +135,19 @@ class HorovodRendezvous:
 
 
 class HorovodHooks:
-    """The worker group's hooks for horovod (see raydist.pool.backend_hooks):
+    """The worker group's hooks for horovod (see raydist.pool.driver.hooks):
     one rendezvous server per start, stopped with the group."""
 
-    def __init__(self) -> None:
+    entry: Any = None
+
+    def __init__(self, config: Any = None) -> None:
         import_horovod()  # fail before any actor starts when it is missing
         self._rendezvous: Optional[HorovodRendezvous] = None
 
     def init_kwargs(self) -> Optional[Dict[str, Any]]:
         # Always: init_process_group is about torch.distributed, and a horovod
         # group has no other backend to leave to the code.
-        return {"horovod": True}
+        return {"backend": "horovod"}
 
     def start(self, workers: Sequence[WorkerInfo]) -> List[Dict[str, str]]:
         self._rendezvous = HorovodRendezvous(workers)

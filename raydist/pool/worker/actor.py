@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import socket
@@ -10,69 +9,27 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import ray
 import ray.cloudpickle
 
-from raydist.pool.diagnostics import STACK_SIGNAL, WorkerEvidence
-from raydist.pool.layout import Placement, WorkerInfo
-from raydist.pool.output import marks_output
+from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
+from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
+from raydist.pool.worker.evidence import leave_evidence
+from raydist.pool.worker.markers import marks_output
 
 # The driver imports this module to define the actor; torch (the core) is
 # imported only inside the actor's methods, so a driver never loads it.
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
-from raydist.pool.ray_private import ACTOR_NAME_TOKEN
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one rank's call ended with (raising is reported, not propagated)."""
-
-    value: Any = None
-    traceback: Optional[str] = None
-    exception_type: Optional[str] = None
-    exception: Optional[bytes] = None  # the pickled exception, when it pickles
-    exit_code: Optional[int] = None  # sys.exit(n) with n != 0
-    timestamp: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.traceback is None and self.exit_code is None
 
 
 def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
-
-
-def _leave_evidence(evidence: WorkerEvidence) -> None:
-    """Make this process leave evidence of how it ends and where it hangs
-    (read by raydist.pool.diagnostics from another process on this node)."""
-    os.makedirs(os.path.dirname(evidence.stack_path), exist_ok=True)
-    for stale in (evidence.exit_note_path, evidence.preemption_path):  # left by an earlier process with this pid
-        try:
-            os.remove(stale)
-        except FileNotFoundError:
-            pass
-    # Written by faulthandler's C handler: works while a C++ call holds the GIL.
-    stacks = open(evidence.stack_path, "ab")  # noqa: SIM115 - open for the process's life
-    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-    # os._exit(n) ends the process without a trace Ray reports; note n first.
-    real_exit = os._exit
-
-    def exit_noting_status(status: int) -> None:  # type: ignore[misc]
-        try:
-            with open(evidence.exit_note_path, "w") as note:
-                note.write(str(status))
-        finally:
-            real_exit(status)
-
-    os._exit = exit_noting_status  # type: ignore[assignment]
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -130,7 +87,7 @@ class RayWorker:
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
-        _leave_evidence(evidence)
+        leave_evidence(evidence)
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -141,30 +98,28 @@ class RayWorker:
             evidence=evidence,
         )
 
-    def setup(
-        self,
-        worker: WorkerInfo,
-        env: Mapping[str, str],
-        init_kwargs: Optional[Dict[str, Any]],
-        object_store_threshold: Optional[int],
-    ) -> Optional["DistInfo"]:
-        """Set the launcher environment, then (unless ``init_kwargs`` is None) initialise."""
+    def setup(self, spec: WorkerSpec) -> Optional["DistInfo"]:
+        """Set the launcher environment, then (unless the code initialises itself) initialise."""
         from raydist.core import collectives
+        from raydist.core.backend import register_backend
         from raydist.core.initialize import init_distributed
-        from raydist.pool.object_store import RayObjectStoreTransport
+        from raydist.pool.worker.object_store import RayObjectStoreTransport
 
-        self._worker = worker
+        self._worker = spec.worker
         for stream in (sys.stdout, sys.stderr):
-            print(f"{ACTOR_NAME_TOKEN}rank={worker.rank}", file=stream, flush=True)
-        os.environ.update(env)
+            print(f"{ACTOR_NAME_TOKEN}rank={spec.worker.rank}", file=stream, flush=True)
+        os.environ.update(spec.env)
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             # torch's @record writes the file but does not create its directory.
             os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
-        if object_store_threshold is not None:
-            collectives.set_large_object_transport(RayObjectStoreTransport(object_store_threshold))
-        if init_kwargs is None:
+        threshold = spec.config.object_store_threshold
+        if threshold is not None:
+            collectives.set_large_object_transport(RayObjectStoreTransport(threshold))
+        if spec.backend_entry is not None:  # a backend registered on the driver only (a plugin)
+            register_backend(spec.backend_entry)
+        if spec.init_kwargs is None:
             return None
-        return init_distributed(**init_kwargs)
+        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
 
     @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:

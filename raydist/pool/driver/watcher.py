@@ -1,61 +1,20 @@
-"""Elastic worker groups: how many workers to start, how ranks survive a
-restart, and a watcher that acts on node drains and new capacity.
-
-The rules are pure functions (tested without Ray); ``GroupWatcher`` is the
-thread that applies them to a live group.
-"""
+"""``GroupWatcher``: the thread that acts on node drains and new capacity
+while a group lives (the sizing rules are in ``raydist.pool.rules.sizing``)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-if TYPE_CHECKING:
-    from raydist.pool.layout import WorkerInfo
+from raydist.pool.cluster import ray_private
+from raydist.pool.records import WorkerInfo
+from raydist.pool.rules.text import deadline_text, ranks_text
 
 logger = logging.getLogger("raydist")
 
 # How often the watcher looks at drains and free capacity.
 WATCH_INTERVAL_S = 1.0
-
-
-def workers_that_fit(bundle: Mapping[str, float], free_per_node: Sequence[Mapping[str, float]], strategy: str) -> int:
-    """How many workers of ``bundle`` fit in ``free_per_node`` under ``strategy``
-    (all bundles are equal, so counting per node is exact)."""
-    fits = [int(min(free.get(name, 0.0) // amount for name, amount in bundle.items())) for free in free_per_node]
-    if strategy == "STRICT_PACK":
-        return max(fits, default=0)
-    if strategy == "STRICT_SPREAD":
-        return sum(1 for fit in fits if fit >= 1)
-    return sum(fits)
-
-
-def elastic_size(min_workers: int, max_workers: int, fit_now: int) -> Optional[int]:
-    """As many workers as fit now, up to ``max_workers``; None below ``min_workers``."""
-    size = min(max_workers, fit_now)
-    return size if size >= min_workers else None
-
-
-@dataclass(frozen=True)
-class RestartReason:
-    """Why a group is restarted, for the one line each restart logs."""
-
-    kind: str  # "failure", "node lost", "preemption", "scale-up"
-    detail: str
-    counted: bool  # against max_restarts
-
-
-def restart_line(reason: RestartReason, old_size: int, attempt: int, max_restarts: int, restarts_used: int) -> str:
-    """One line per restart: why, the old world size, and which attempt of how many counted."""
-    budget = f"restart {restarts_used} of {max_restarts}" if reason.counted else "not counted against max_restarts"
-    return (
-        f"raydist: {reason.kind}: {reason.detail}; world size was {old_size}; "
-        f"starting attempt {attempt} ({budget})"
-    )
 
 
 class GroupWatcher:
@@ -66,7 +25,7 @@ class GroupWatcher:
 
     def __init__(
         self,
-        workers: Sequence["WorkerInfo"],
+        workers: Sequence[WorkerInfo],
         warn: Callable[[List[int], float], None],
         stop_group: Callable[[], None],
         room: Optional[Callable[[], int]] = None,
@@ -93,7 +52,6 @@ class GroupWatcher:
         self._stop.set()
 
     def _run(self) -> None:
-        from raydist.pool import ray_private
 
         while not self._stop.wait(self._interval):
             try:
@@ -108,7 +66,7 @@ class GroupWatcher:
             if node_id in self._ranks_by_node and node_id not in self.drained and not self._stop.is_set():
                 self.drained[node_id] = deadline
                 ranks = self._ranks_by_node[node_id]
-                logger.warning("raydist: node %s is draining (%s): warning %s", node_id[:12], deadline_text(deadline), _ranks(ranks))
+                logger.warning("raydist: node %s is draining (%s): warning %s", node_id[:12], deadline_text(deadline), ranks_text(ranks))
                 self._warn(ranks, deadline)
         if self._room is not None and not self._stop.is_set():
             more = self._room()
@@ -117,14 +75,3 @@ class GroupWatcher:
                 self.grow_by = more
                 logger.warning("raydist: room for %d more worker(s): stopping the group to restart it larger", more)
                 self._stop_group()
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    from raydist.pool.diagnostics import ranks_text
-
-    return ranks_text(ranks)
-
-
-def deadline_text(deadline: float) -> str:
-    return "no deadline" if math.isinf(deadline) else f"deadline in {max(0.0, deadline - time.time()):.0f} s"
-

@@ -1,9 +1,11 @@
-"""The driver's side of each backend, as hooks the worker group calls.
+"""The driver's side of a backend, as hooks the worker group calls.
 
-``WorkerGroup`` knows no backend: it asks the hooks which backend arguments
-each worker passes to ``init_distributed``, calls ``start`` once ranks are
-known (for the extra variables of each rank) and ``stop`` at teardown. A new backend is a new
-hooks class chosen in ``group_hooks``, not a change to the group.
+``WorkerGroup`` knows no backend: the backend registry
+(``raydist.core.backend``) names each backend's hooks class, which the group
+builds with the run's config; the hooks say which arguments each worker
+passes to ``init_distributed``, start what the workers need from the driver
+once ranks are known (returning each rank's extra variables), and stop it at
+teardown. A new backend is a new module and one registry entry.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from raydist.config import RunConfig
-from raydist.pool.layout import WorkerInfo
+from raydist.pool.records import WorkerInfo
 
 
 class GroupHooks(Protocol):
+    entry: Any  # the backend's registry entry; the worker registers it before init
+
     def init_kwargs(self) -> Optional[Dict[str, Any]]:
         """The backend's arguments of ``init_distributed`` (None: the code initialises itself)."""
 
@@ -28,6 +32,8 @@ class GroupHooks(Protocol):
 class TorchDistributedHooks:
     """torch.distributed needs nothing from the driver: torchrun's variables,
     which every worker gets, are its rendezvous."""
+
+    entry: Any = None
 
     def __init__(self, config: RunConfig) -> None:
         self._config = config
@@ -45,9 +51,11 @@ class TorchDistributedHooks:
 
 
 def group_hooks(config: RunConfig) -> GroupHooks:
-    """The hooks for ``config.backend``; importing horovod only for a horovod group."""
-    if config.horovod:
-        from raydist.pool.horovod import HorovodHooks
+    """The hooks of ``config.backend``'s registry entry, built with ``config``
+    (a backend whose library is missing fails here, before Ray is touched)."""
+    from raydist.core.backend import backend_entry, load
 
-        return HorovodHooks()
-    return TorchDistributedHooks(config)
+    entry = backend_entry(config.backend)
+    hooks: GroupHooks = load(entry.driver_hooks)(config)
+    hooks.entry = entry
+    return hooks

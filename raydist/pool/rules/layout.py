@@ -14,63 +14,28 @@ Pure functions (no Ray calls), so the rules are easy to read and test:
   workers (fractional amounts), only ``device_index`` is right.
 """
 
+
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.core.accelerators import Accelerator
 from raydist.core.environment import DEVICE_INDEX_VAR, torchrun_env
 from raydist.core.preemption import PREEMPTION_FILE_VAR
-from raydist.pool.diagnostics import WorkerEvidence
+from raydist.pool.records import Placement, WorkerInfo
 
 if TYPE_CHECKING:
     from raydist.config import RunConfig
 
 
-@dataclass(frozen=True)
-class Placement:
-    """What a started worker reports about itself."""
-
-    index: int  # position of the actor in the group's actor list
-    node_id: str
-    node_ip: str
-    pid: int
-    accelerator_ids: Tuple[str, ...]
-    free_port: int
-    evidence: Optional[WorkerEvidence] = None  # where the process leaves its stderr, exit note, stacks
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """One worker of a group: where it runs and which rank it holds."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-    node_id: str
-    node_ip: str
-    pid: int
-    device_ids: Tuple[str, ...]  # this worker's device ids as Ray assigned them
-    visible_device_ids: Tuple[str, ...]  # the group's device ids on this node, in id order
-    device_index: Optional[int]  # own first device's position in visible_device_ids; None without devices
-    actor_index: int
-    evidence: Optional[WorkerEvidence] = None  # paths on the worker's node (stderr file, ...)
-
-
 def _id_key(device_id: str) -> Tuple[int, object]:
     return (0, int(device_id)) if device_id.isdigit() else (1, device_id)
-
 
 def _worker_key(placement: Placement) -> Tuple[object, ...]:
     ids = sorted(placement.accelerator_ids, key=_id_key)
     return (0, _id_key(ids[0]), placement.index) if ids else (1, (0, 0), placement.index)
-
 
 def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str], node_order: Sequence[str] = ()) -> List[WorkerInfo]:
     """Give each placed worker its rank; the result is ordered by rank.
@@ -112,7 +77,6 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str],
                 )
             )
     return workers
-
 
 def worker_env(
     worker: WorkerInfo,

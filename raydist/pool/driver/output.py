@@ -1,112 +1,29 @@
 """Worker output on the driver: each rank's forwarded lines go to its log
-files and the console (see ``logs``), and a call returns only once the lines
-its ranks printed during it have arrived.
-
-Ray redirects every worker's fd 1 and 2 to files; a log monitor on each node
-tails them and forwards the lines to the driver, asynchronously. So a worker
-notes the size of both files before a call; when a stream grew (or the call
-failed), it ends that stream with a marker line ``<token> <call number>``.
-The marker travels behind the call's lines through the same file, so once
-the driver has seen it, every earlier line has been printed. A call that
-prints nothing writes no marker and waits for none: warm calls stay as fast.
-"""
+files and the console (see ``raydist.pool.rules.logs``), and a call returns
+only once the lines its ranks printed during it have arrived (the worker's
+side, the marker lines, is ``raydist.pool.worker.markers``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
 import logging
-import os
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from raydist.pool.layout import WorkerInfo
-from raydist.pool.logs import RankLog, RankRoute, console_prefix
-from raydist.pool.ray_private import warn_once, wrap_worker_output_printer
+from raydist.pool.cluster.ray_private import warn_once, wrap_worker_output_printer
+from raydist.pool.driver.log_files import RankLog
+from raydist.pool.records import WorkerInfo
+from raydist.pool.rules.logs import RankRoute, console_prefix, split_forwarded
+from raydist.pool.worker.markers import MARKER_VAR, Printed
 
 logger = logging.getLogger("raydist")
 
-# Set on every worker (to the driver's token) when the driver follows the markers.
-MARKER_VAR = "RAYDIST_OUTPUT_MARKER"
 # How long a call waits for its output to arrive; the log monitor polls every 0.1 s.
 DRAIN_TIMEOUT_S = 5.0
-# Ray's line for its experimental distributed tqdm: left to Ray's printer.
-_RAY_TQDM_MAGIC = "__ray_tqdm_magic_token__"
 
 Key = Tuple[Optional[str], str]  # (node IP, pid) as Ray's log monitor names a worker (the pid as text)
 Printer = Callable[[Dict[str, Any]], None]
-
-# -- worker side ------------------------------------------------------------
-
-_calls = itertools.count()  # one actor per process: this numbers its calls as the driver does
-
-
-@dataclass(frozen=True)
-class Printed:
-    """A call's value from a rank whose streams got a marker after the call."""
-
-    value: Any
-    call: int
-    streams: Tuple[bool, bool]  # (stdout, stderr)
-
-
-def _flushed_sizes() -> Tuple[int, int]:
-    """The sizes of the files behind fd 1 and 2 (-1: unknown), Python's buffers flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or replaced stream must not fail the call
-            pass
-    sizes = []
-    for fd in (1, 2):
-        try:
-            sizes.append(os.fstat(fd).st_size)
-        except OSError:
-            sizes.append(-1)
-    return sizes[0], sizes[1]
-
-
-def _write_markers(token: str, call: int, streams: Tuple[bool, bool]) -> None:
-    line = f"{token} {call}\n".encode()
-    for fd, marked in zip((1, 2), streams):
-        if marked:
-            try:
-                os.write(fd, line)  # the descriptor itself, whatever the code did to sys.stdout
-            except OSError:
-                pass
-
-
-def marks_output(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """Wrap a worker's ``execute(call) -> Outcome``: after a call that printed,
-    mark the streams it printed on and wrap the value in ``Printed``; after a
-    failed call, mark both (the driver cannot be told which)."""
-
-    @functools.wraps(execute)
-    def run(self: Any, call: Any) -> Any:
-        number = next(_calls)
-        token = os.environ.get(MARKER_VAR)
-        if not token:
-            return execute(self, call)
-        before = _flushed_sizes()
-        outcome = execute(self, call)
-        after = _flushed_sizes()
-        if not outcome.ok:
-            _write_markers(token, number, (True, True))  # a failure's Outcome cannot say which grew
-            return outcome
-        streams = (after[0] > before[0] >= 0, after[1] > before[1] >= 0)
-        if not any(streams):
-            return outcome
-        _write_markers(token, number, streams)
-        return dataclasses.replace(outcome, value=Printed(outcome.value, number, streams))
-
-    return run
-
-
-# -- driver side ------------------------------------------------------------
 
 
 class OutputRouter:
@@ -184,7 +101,7 @@ class OutputRouter:
         if log is None:
             return False
         is_err = bool(data.get("is_err"))
-        lines, marked, tqdm = self._split(data.get("lines") or [])
+        lines, marked, tqdm = split_forwarded(data.get("lines") or [], self.token)
         if tqdm and self._print is not None:
             self._print(dict(data, lines=tqdm))
         log.write(lines, is_err)
@@ -198,26 +115,6 @@ class OutputRouter:
                 self._changed.notify_all()
         return True
 
-    def _split(self, lines: Sequence[str]) -> Tuple[List[str], Optional[int], List[str]]:
-        """The output lines, the last call number marked, and Ray's tqdm lines."""
-        kept: List[str] = []
-        tqdm: List[str] = []
-        marked: Optional[int] = None
-        for line in lines:
-            if self.token in line:
-                before, _, after = line.partition(self.token)
-                if before:  # the code's last line had no newline
-                    kept.append(before)
-                try:
-                    marked = int(after.split()[0])
-                except (IndexError, ValueError):
-                    pass  # mangled in transit: the wait times out instead
-            elif _RAY_TQDM_MAGIC in line:
-                tqdm.append(line)
-            else:
-                kept.append(line)
-        return kept, marked, tqdm
-
 
 def _to_console(lines: Sequence[str], route: RankRoute, pid: Any, ip: Optional[str], stream: Any) -> None:
     try:
@@ -227,7 +124,6 @@ def _to_console(lines: Sequence[str], route: RankRoute, pid: Any, ip: Optional[s
     prefix = console_prefix(route, pid, ip, colour)
     stream.write("".join(f"{prefix}{line}\n" for line in lines))
     stream.flush()
-
 
 class GroupOutput:
     """One worker group's share of the router: its ranks' log files, the

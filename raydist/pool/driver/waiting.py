@@ -15,9 +15,9 @@ import ray
 from ray.exceptions import RayActorError
 from tqdm.auto import tqdm
 
-from raydist.pool.errors import WorkerFailure
-from raydist.pool.layout import WorkerInfo
-from raydist.pool.worker import Outcome
+from raydist.errors import WorkerFailure
+from raydist.pool.records import WorkerInfo
+from raydist.pool.records import Outcome
 
 # After the first failure, how long to let other ranks report theirs (so that
 # the same error on every rank is reported once, with all the ranks).

@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from tqdm.auto import tqdm
 
-from raydist.core.accelerators import AUTO_ORDER, BY_NAME, CPU, Accelerator
-from raydist.pool import ray_private
-from raydist.pool.elastic import elastic_size, workers_that_fit
-from raydist.pool.errors import InfeasibleResourcesError
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    node_id: str
-    ip: str
-    resources: Mapping[str, float]
+from raydist.pool.cluster import ray_private
+from raydist.pool.rules.sizing import elastic_size, workers_that_fit
+from raydist.errors import InfeasibleResourcesError
+from raydist.pool.records import ClusterNode
+from raydist.pool.rules.sizing import infeasibility
+from raydist.pool.rules.text import fmt_resources, per_node_text
 
 
 def alive_nodes() -> List[ClusterNode]:
@@ -31,83 +25,6 @@ def alive_nodes() -> List[ClusterNode]:
         for n in ray.nodes()
         if n["Alive"]
     ]
-
-
-def resolve_accelerator(accelerator: str, resources_per_worker: Mapping[str, float], nodes: List[ClusterNode]) -> Accelerator:
-    """The accelerator kind each worker gets.
-
-    "auto" takes a device resource named in ``resources_per_worker`` (so
-    ``{"GPU": 2}`` means GPU workers), else the first kind the cluster has,
-    else CPU.
-    """
-    if accelerator != "auto":
-        return BY_NAME[accelerator]
-    for row in AUTO_ORDER:
-        if resources_per_worker.get(row.ray_resource or "", 0) > 0:
-            return row
-    for row in AUTO_ORDER:
-        if row.ray_resource not in resources_per_worker and any(
-            node.resources.get(row.ray_resource or "", 0) >= 1 for node in nodes
-        ):
-            return row
-    return CPU
-
-
-def worker_bundle(accelerator: Accelerator, resources_per_worker: Mapping[str, float]) -> Dict[str, float]:
-    """One worker's bundle: 1 CPU (+1 device) unless ``resources_per_worker`` says otherwise."""
-    bundle: Dict[str, float] = {"CPU": 1.0}
-    if accelerator.ray_resource is not None:
-        bundle[accelerator.ray_resource] = 1.0
-    bundle.update(resources_per_worker)
-    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
-    if not bundle:
-        raise ValueError(
-            f"resources_per_worker={dict(resources_per_worker)!r} leaves a worker with no resources; "
-            "Ray places a worker only with at least one (e.g. a fraction of a CPU)"
-        )
-    return bundle
-
-
-def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], nodes: List[ClusterNode]) -> int:
-    """One worker per device of the chosen kind (per share of one, for
-    fractional amounts), or per CPU slot when workers have no device; 0 when
-    the cluster has none."""
-    resource = accelerator.ray_resource or "CPU"
-    amount = bundle.get(resource)
-    if not amount:  # CPU workers asking for no CPU: as many as their other resources allow
-        return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
-    return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
-
-
-def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode]) -> Optional[str]:
-    """Why the cluster as it is can never host these workers, or None if it can.
-
-    All bundles are equal, so counting how many fit on each node is exact.
-    """
-    possible = workers_that_fit(bundle, [node.resources for node in nodes], strategy)
-    how = {"STRICT_PACK": "on one node", "STRICT_SPREAD": "on distinct nodes"}.get(strategy, "in the cluster")
-    if possible >= num_workers:
-        return None
-    totals: Dict[str, float] = {}
-    for node in nodes:
-        for name, amount in node.resources.items():
-            totals[name] = totals.get(name, 0.0) + amount
-    asked = {name: amount * num_workers for name, amount in bundle.items()}
-    has = {name: totals.get(name, 0.0) for name in bundle}
-    per_node = [{name: node.resources.get(name, 0.0) for name in bundle} for node in nodes]
-    return (
-        f"{num_workers} workers of {_fmt(bundle)} each ({strategy}) asked for {_fmt(asked)} in all, "
-        f"but at most {possible} such workers fit {how}: the cluster has {_fmt(has)} "
-        f"over {len(nodes)} node(s) {per_node_text(per_node)}"
-    )
-
-
-def _fmt(resources: Mapping[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
-
-
-def per_node_text(per_node: List[Mapping[str, float]]) -> str:
-    return "[" + ", ".join(_fmt(r) for r in per_node) + "]"
 
 
 def usable_nodes() -> List[ClusterNode]:
@@ -151,7 +68,7 @@ def reserve(
                 remove_placement_group(pg)
             if time.monotonic() >= deadline:
                 raise InfeasibleResourcesError(_gave_up(bundle, sizes, strategy, startup_timeout))
-            bar.set_postfix_str(f"waiting for room for {min_workers} of {_fmt(bundle)}; free: {_fmt(_free(bundle))}")
+            bar.set_postfix_str(f"waiting for room for {min_workers} of {fmt_resources(bundle)}; free: {fmt_resources(_free(bundle))}")
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # polling the cluster, with a deadline
 
 
@@ -197,15 +114,15 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: in
             return True
         if remaining <= 0:
             return False
-        bar.set_postfix_str(f"waiting for {_fmt(bundle)} x {size}; free: {_fmt(_free(bundle))}")
+        bar.set_postfix_str(f"waiting for {fmt_resources(bundle)} x {size}; free: {fmt_resources(_free(bundle))}")
 
 
 def _gave_up(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str, startup_timeout: float) -> str:
     count = str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}"
     totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in alive_nodes()]
     return (
-        f"gave up after {startup_timeout:g} s waiting for {count} workers of {_fmt(bundle)} each "
-        f"({strategy}); cluster nodes have {per_node_text(totals)} in total, currently free {_fmt(_free(bundle))}"
+        f"gave up after {startup_timeout:g} s waiting for {count} workers of {fmt_resources(bundle)} each "
+        f"({strategy}); cluster nodes have {per_node_text(totals)} in total, currently free {fmt_resources(_free(bundle))}"
     )
 
 

@@ -1,0 +1,121 @@
+"""The records the pool's parts pass to each other: where a worker landed,
+which rank it holds, where it leaves evidence, what its call returned, and
+what it needs to set itself up. Pure data, no Ray: the rules, the driver and
+the worker all import this module, and it imports none of them."""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:
+    from raydist.config import RunConfig
+
+
+@dataclass(frozen=True)
+class WorkerEvidence:
+    """Where one worker process leaves what it wrote and how it ended (paths on its node)."""
+
+    stderr_path: Optional[str]  # the file Ray sends this process's stderr to
+    exit_note_path: str  # os._exit(n) writes n here first
+    stack_path: str  # faulthandler writes the stacks here on STACK_SIGNAL
+    preemption_path: str  # the driver writes the drain deadline here (see raydist.core.preemption)
+
+    @classmethod
+    def for_process(cls, pid: int, scratch_dir: str) -> "WorkerEvidence":
+        try:
+            stderr_path: Optional[str] = os.readlink("/proc/self/fd/2")  # Linux; Ray's per-worker .err file
+        except OSError:
+            stderr_path = None
+        return cls(
+            stderr_path=stderr_path if stderr_path and os.path.isfile(stderr_path) else None,
+            exit_note_path=os.path.join(scratch_dir, f"exit-{pid}"),
+            stack_path=os.path.join(scratch_dir, f"stacks-{pid}"),
+            preemption_path=os.path.join(scratch_dir, f"preempted-{pid}"),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a started worker reports about itself."""
+
+    index: int  # position of the actor in the group's actor list
+    node_id: str
+    node_ip: str
+    pid: int
+    accelerator_ids: Tuple[str, ...]
+    free_port: int
+    evidence: Optional[WorkerEvidence] = None  # where the process leaves its stderr, exit note, stacks
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker of a group: where it runs and which rank it holds."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    node_id: str
+    node_ip: str
+    pid: int
+    device_ids: Tuple[str, ...]  # this worker's device ids as Ray assigned them
+    visible_device_ids: Tuple[str, ...]  # the group's device ids on this node, in id order
+    device_index: Optional[int]  # own first device's position in visible_device_ids; None without devices
+    actor_index: int
+    evidence: Optional[WorkerEvidence] = None  # paths on the worker's node (stderr file, ...)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rank's call ended with (raising is reported, not propagated)."""
+
+    value: Any = None
+    traceback: Optional[str] = None
+    exception_type: Optional[str] = None
+    exception: Optional[bytes] = None  # the pickled exception, when it pickles
+    exit_code: Optional[int] = None  # sys.exit(n) with n != 0
+    timestamp: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.traceback is None and self.exit_code is None
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    node_id: str
+    ip: str
+    resources: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs to set itself up, sent in one piece.
+
+    ``config`` is the run's whole (frozen, Ray-free) configuration, so an
+    option the worker reads needs no new argument anywhere on the way.
+    """
+
+    worker: WorkerInfo
+    env: Mapping[str, str]  # the launcher environment for this rank
+    config: "RunConfig"
+    device_type: str  # torch's device type of the group's accelerator kind
+    init_kwargs: Optional[Mapping[str, Any]]  # the backend's init_distributed arguments; None: the code initialises itself
+    backend_entry: Any = None  # config.backend's registry entry, registered in the worker before init
+
+
+class CallEnd(enum.Enum):
+    """How a call (or a start-up step) on a worker group ended."""
+
+    FINISHED = "finished"
+    RANK_FAILED = "rank failed"  # a rank's code raised or exited non-zero, or its process died
+    NODE_LOST = "node lost"  # the root cause is a rank whose node died or left the cluster
+    DRAINED = "drained"  # ranks on a node Ray was draining failed: a preemption
+    GROW = "room to grow"  # raydist stopped the group to restart it larger (restart_to_grow)
+    TIMED_OUT = "timed out"
+    CANCELLED = "cancelled"  # WorkerFuture.cancel()
+    SHUT_DOWN = "shut down"  # the group or Ray was shut down while the call ran

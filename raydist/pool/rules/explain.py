@@ -1,0 +1,119 @@
+"""Pure rules that turn a dead or hung worker's evidence into words: how a
+process ended (from its last stderr lines and exit note) and where every
+rank is (faulthandler stacks grouped by location, the odd ones out marked)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from raydist.pool.rules.text import ranks_text
+
+# faulthandler's first line for each fatal signal it catches.
+_FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+
+# How explain_death says a rank's node went away (the restart policy reads it).
+NODE_LOST_TEXT = "its node died or left the cluster"
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+# Frames that are raydist's or Ray's own machinery around the user's call.
+_MACHINERY = (os.sep + "ray" + os.sep, os.path.join("raydist", "pool") + os.sep, os.sep + "runpy.py", "<frozen runpy>")
+
+_COLLECTIVE_FILES = (os.path.join("torch", "distributed") + os.sep, os.sep + "horovod" + os.sep, os.path.join("raydist", "core", "collectives.py"))
+
+
+def explain_death(ray_text: str, tail: Optional[str], exit_code: Optional[int], node_alive: bool) -> str:
+    """One line on how a worker process ended, from what it left behind."""
+    if exit_code is not None:
+        return f"exited with status {exit_code} (os._exit)"
+    for marker, name in _FATAL_SIGNALS.items():
+        # Python's faulthandler and Ray's own handler both name the signal.
+        if tail and (f"Fatal Python error: {marker}" in tail or f"*** {name} received" in tail):
+            return f"killed by {name} ({marker.lower()})"
+    if "running low on memory" in ray_text or "OutOfMemoryError" in ray_text:
+        return "killed by Ray's memory monitor (OOM: the node ran low on memory)"
+    if not node_alive:
+        return NODE_LOST_TEXT
+    return (
+        "killed without an exit status or crash report: SIGKILL (or SIGTERM) from outside, "
+        "or the kernel's OOM killer"
+    )
+
+@dataclass(frozen=True)
+class StackSummary:
+    """The part of one rank's stack that says where it is."""
+
+    where: str  # "in all_reduce at train.py:88"
+    frames: Tuple[str, ...]  # the user's frames, outermost first
+    in_collective: bool  # waiting for the other ranks
+
+def summarize_stack(dump: str) -> StackSummary:
+    """The stack of the thread running the user's call, from a faulthandler dump."""
+    threads: List[List[Tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+            continue
+        match = _FRAME.match(line)
+        if match and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+    # faulthandler lists the most recent call first; the call runs under raydist's execute.
+    running = [t for t in threads if any(f.endswith(os.path.join("worker", "actor.py")) and fn == "execute" for f, _, fn in t)]
+    frames = list(reversed(running[0] if running else (threads[0] if threads else [])))
+    while frames and any(m in frames[0][0] for m in _MACHINERY):
+        frames.pop(0)
+    if not frames:
+        return StackSummary("(no Python frames)", (), False)
+    innermost = frames[-1]
+    user = [f for f in frames if not _is_library(f[0])]
+    where = f"in {innermost[2]} at {os.path.basename(innermost[0])}:{innermost[1]}"
+    if user and user[-1] is not innermost:  # the user's line that led there
+        where += f", from {user[-1][2]} at {os.path.basename(user[-1][0])}:{user[-1][1]}"
+    lines = tuple(f'File "{file}", line {line}, in {func}' for file, line, func in frames)
+    return StackSummary(where, lines, any(c in f[0] for f in frames for c in _COLLECTIVE_FILES))
+
+def _is_library(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(("<", os.path.dirname(os.__file__)))
+
+def format_stacks(dumps: Dict[int, Optional[str]]) -> str:
+    """Ranks grouped by where they are; the odd ones out marked.
+
+    A rank outside any collective while others wait in one is marked; with
+    no such difference, the smaller groups are.
+    """
+    groups: Dict[Tuple[str, Tuple[str, ...]], List[int]] = {}
+    summaries: Dict[Tuple[str, Tuple[str, ...]], StackSummary] = {}
+    missing = [rank for rank, dump in dumps.items() if not dump]
+    for rank, dump in sorted(dumps.items()):
+        if dump:
+            summary = summarize_stack(dump)
+            key = (summary.where, summary.frames)
+            groups.setdefault(key, []).append(rank)
+            summaries[key] = summary
+    odd = _odd_groups(groups, summaries)
+    lines = []
+    for key, ranks in sorted(groups.items(), key=lambda item: item[1][0]):
+        mark = "  <-- differs" if key in odd else ""
+        lines.append(f"{ranks_text(ranks)}: {key[0]}{mark}")
+        lines.extend(f"    {frame}" for frame in key[1])
+    if missing:
+        lines.append(f"{ranks_text(missing)}: no stack (the process did not answer)")
+    return "\n".join(lines)
+
+def _odd_groups(groups: Dict[Tuple[str, Tuple[str, ...]], List[int]], summaries: Dict[Tuple[str, Tuple[str, ...]], StackSummary]) -> List[Tuple[str, Tuple[str, ...]]]:
+    if len(groups) < 2:
+        return []
+    outside = [key for key in groups if not summaries[key].in_collective]
+    if outside and len(outside) < len(groups):
+        return outside
+    largest = max(len(ranks) for ranks in groups.values())
+    smaller = [key for key, ranks in groups.items() if len(ranks) < largest]
+    return smaller

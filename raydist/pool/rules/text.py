@@ -1,0 +1,36 @@
+"""How raydist writes ranks, resources and deadlines in its messages (one
+way each, so every message reads alike)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import List, Mapping, Sequence
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"."""
+    spans: List[str] = []
+    ordered = sorted(ranks)
+    start = prev = ordered[0]
+    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
+
+
+def fmt_resources(resources: Mapping[str, float]) -> str:
+    """{"CPU": 1.0, "GPU": 2.0} -> "{CPU: 1, GPU: 2}"."""
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
+
+
+def per_node_text(per_node: Sequence[Mapping[str, float]]) -> str:
+    return "[" + ", ".join(fmt_resources(r) for r in per_node) + "]"
+
+
+def deadline_text(deadline: float) -> str:
+    return "no deadline" if math.isinf(deadline) else f"deadline in {max(0.0, deadline - time.time()):.0f} s"
