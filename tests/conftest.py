@@ -12,14 +12,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Workers must import the test modules that define the functions they run.
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(REPO / "tests"))
+TEST_DIRS = [REPO / "tests", REPO / "tests" / "live", REPO / "tests" / "unit"]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), str(REPO), os.environ.get("PYTHONPATH")]))
+sys.path[:0] = [str(REPO / "tests")]
 
 LOCAL_CPUS = 4
 _current: Dict[str, object] = {"kind": None, "cluster": None}
 
 
 def _shutdown_current() -> None:
+    if "ray" not in sys.modules:  # the unit tier never imports it
+        return
     import ray
 
     if ray.is_initialized():

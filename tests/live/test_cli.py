@@ -28,7 +28,7 @@ import pytest
 
 from raydist.cli import build_parser, split_script_args
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 SCRIPTS = REPO / "tests" / "scripts"
 BIN = Path(sys.executable).parent

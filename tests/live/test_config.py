@@ -16,7 +16,7 @@ from conftest import live_placement_groups, raydist_actors_ever_created
 import raydist
 from raydist.config import OPTION_NAMES, RunConfig, check_call, make_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def noop() -> None:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 import pytest
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "cluster_configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "cluster_configs"
 LAUNCHER_CONFIGS = ["local.yaml", "aws-gpu.yaml", "gcp-gpu.yaml"]
 KUBERAY_CONFIG = "kuberay-rayjob.yaml"
 ALL_CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from core_launch import load_results, run_fake_slurm, run_torchrun  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

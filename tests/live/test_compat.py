@@ -16,7 +16,7 @@ import torch
 import raydist
 from raydist import compat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from compat_worker import CLI_ARGS, build_parser  # noqa: E402
 from core_launch import clear_launcher_vars, load_results, run_torchrun  # noqa: E402
 

@@ -9,82 +9,15 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 from conftest import live_placement_groups, live_raydist_actors
 
 import raydist
-from raydist.pool.rules.explain import explain_death, format_stacks, summarize_stack
-from raydist.pool.rules.text import ranks_text
 
 pytestmark = pytest.mark.timeout(180)
-
-# -- pure: evidence into words -------------------------------------------------
-
-RAY_TEXT = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
-
-
-@pytest.mark.parametrize(
-    "tail, code, alive, expected",
-    [
-        ("x\nFatal Python error: Aborted\n", None, True, "killed by SIGABRT"),
-        ("*** SIGSEGV received at time=1 on cpu 0 ***", None, True, "killed by SIGSEGV"),
-        ("Fatal Python error: Bus error", None, True, "killed by SIGBUS"),
-        ("last words", 7, True, "exited with status 7 (os._exit)"),
-        ("", None, False, "its node died or left the cluster"),
-        ("", None, True, "SIGKILL"),
-    ],
-)
-def test_explain_death(tail: str, code: Optional[int], alive: bool, expected: str) -> None:
-    assert expected in explain_death(RAY_TEXT, tail, code, alive)
-
-
-def test_ray_memory_monitor_is_named() -> None:
-    text = "Task was killed due to the node running low on memory."
-    assert "OOM" in explain_death(text, "", None, True)
-
-
-def test_ranks_text_folds_spans() -> None:
-    assert ranks_text([3]) == "rank 3"
-    assert ranks_text([8, 0, 1, 2, 3, 4, 5, 6, 10, 11]) == "ranks 0-6, 8, 10-11"
-
-
-WORKER = os.path.join("site-packages", "raydist", "pool", "worker", "actor.py")
-DUMP_IN_BARRIER = f'''Thread 0x00007f0000000001 (most recent call first):
-  File "/x/threading.py", line 320 in wait
-  File "/x/site-packages/ray/_private/worker.py", line 900 in other
-
-Current thread 0x00007f0000000002 (most recent call first):
-  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4810 in barrier
-  File "/home/me/train.py", line 88 in step
-  File "/x/{WORKER}", line 172 in execute
-  File "/x/site-packages/ray/_private/function_manager.py", line 740 in actor_method_executor
-'''
-DUMP_IN_USER_CODE = f'''Current thread 0x00007f0000000002 (most recent call first):
-  File "/home/me/train.py", line 12 in load_batch
-  File "/home/me/train.py", line 90 in step
-  File "/x/{WORKER}", line 172 in execute
-'''
-
-
-def test_summarize_finds_the_call_and_the_user_line() -> None:
-    summary = summarize_stack(DUMP_IN_BARRIER)
-    assert summary.where == "in barrier at distributed_c10d.py:4810, from step at train.py:88"
-    assert summary.in_collective
-    assert summary.frames[0] == 'File "/home/me/train.py", line 88, in step'
-    assert not summarize_stack(DUMP_IN_USER_CODE).in_collective
-
-
-def test_format_groups_identical_stacks_and_marks_the_odd_rank() -> None:
-    dumps: Dict[int, Optional[str]] = {r: DUMP_IN_BARRIER for r in range(64) if r != 7}
-    dumps[7] = DUMP_IN_USER_CODE
-    text = format_stacks(dumps)
-    assert "ranks 0-6, 8-63: in barrier at distributed_c10d.py:4810, from step at train.py:88" in text
-    assert "rank 7: in load_batch at train.py:12  <-- differs" in text
-    assert text.count("<-- differs") == 1
-
 
 # -- live: a rank's process dies -----------------------------------------------
 

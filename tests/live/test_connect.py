@@ -19,7 +19,7 @@ from typing import Dict, Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -1,29 +1,22 @@
-"""Per-rank logs and the driver's output.
-
-The routing rules are checked against torch's own implementation
-(``Std.from_str``, ``DefaultLogsSpecs.reify``) without Ray; the driver's
-output is checked end to end in a subprocess with a Ray of its own, whose
-stdout and stderr are pipes (so also: no colour codes).
-"""
+"""torchrun's per-rank log rules, checked against torch's own implementation
+(``Std.from_str``, ``DefaultLogsSpecs.reify``) without Ray."""
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Dict, Optional, Set
 
 import pytest
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
-from test_cli import REPO, cli_env, explain, ray_tmpdir  # noqa: F401 - fixtures
+
+from conftest import REPO
 
 from raydist.config import RunConfig, parse_local_ranks, parse_std
-from raydist.pool.records import WorkerInfo
 from raydist.pool.driver.log_files import RankLog, RunLogs
+from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.logs import console_prefix, line_prefix, rank_route
+
 
 CODES = ["0", "1", "2", "3", "0:1", "1:2", "0:3,1:1", "0:2,2:3"]
 
@@ -141,52 +134,3 @@ def test_run_logs_layout_across_attempts(tmp_path: Path) -> None:
     logs.attempt(1, workers)  # an attempt directory is emptied, as torchrun's reify does
     assert list((run_dir / "attempt_1" / "0").iterdir()) == []
     assert RunLogs(RunConfig(local_ranks_filter=0)).attempt(0, workers)[0].stdout.file is None  # no files asked
-
-
-DRIVER = textwrap.dedent(
-    """
-    import sys, ray, raydist
-
-    def last_line(call):
-        rank = raydist.get_context().rank
-        print(f"rank {rank} printed in call {call}")
-        print(f"rank {rank} warned in call {call}", file=sys.stderr)
-        return call
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    with raydist.WorkerGroup(2, accelerator="cpu") as group:
-        for call in range(CALLS):
-            assert group.run(last_line, args=(call,)) == [call, call]
-            print(f"driver: call {call} returned", flush=True)
-            print(f"driver: call {call} returned", file=sys.stderr, flush=True)
-    for call in range(CALLS, CALLS + RUNS):
-        assert raydist.run(last_line, args=(call,), num_workers=2, accelerator="cpu") == [call, call]
-        print(f"driver: call {call} returned", flush=True)
-        print(f"driver: call {call} returned", file=sys.stderr, flush=True)
-    """
-)
-
-
-def check_order(output: str, calls: int, worker_line: str) -> None:
-    """Each call's lines from both ranks come before the driver's line after it returned."""
-    lines = output.splitlines()
-    position = {line: index for index, line in enumerate(lines)}
-    for call in range(calls):
-        returned = position[f"driver: call {call} returned"]
-        for rank in (0, 1):
-            ours = [i for i, line in enumerate(lines) if line.endswith(worker_line.format(rank=rank, call=call))]
-            assert len(ours) == 1, (call, rank, output)
-            assert ours[0] < returned, f"rank {rank}'s line of call {call} came after run() returned:\n{output}"
-
-
-@pytest.mark.timeout(300)
-def test_every_line_arrives_before_run_returns(cli_env: Dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    calls, runs = 50, 2  # each raydist.run starts fresh workers (seconds each): 50 calls on a group, 2 runs
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER.replace("CALLS", str(calls)).replace("RUNS", str(runs)))
-    result = subprocess.run([sys.executable, str(script)], cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, explain(result)
-    check_order(result.stdout, calls + runs, "rank {rank} printed in call {call}")
-    check_order(result.stderr, calls + runs, "rank {rank} warned in call {call}")
-    assert re.search(r"^\(rank=1 pid=\d+\) rank 1 printed in call 0$", result.stdout, flags=re.M), result.stdout
-    assert "\x1b[" not in result.stdout + result.stderr, "colour codes in piped output"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from core_launch import LAUNCH_TIMEOUT_S, clean_env  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

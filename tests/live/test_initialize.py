@@ -20,7 +20,7 @@ from raydist.core import initialize
 from raydist.core.devices import accelerator_type
 from raydist.core.initialize import DistInfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from core_launch import clear_launcher_vars  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -309,7 +309,7 @@ def test_horovod_record_and_collectives(fake_horovod: FakeHorovod) -> None:
     assert raydist.broadcast_object("mine", src=0) == {"from": 0}
     assert raydist.broadcast_object("mine", src=1) == "mine"
     assert raydist.all_gather_object("me") == ["peer0", "me", "peer2", "peer3"]
-    # gather and scatter run on horovod's alltoall: tests/test_backends.py runs them on real horovod.
+    # gather and scatter run on horovod's alltoall: tests/live/test_backends.py runs them on real horovod.
     raydist.barrier()
     with pytest.raises(ValueError, match="src=4 is outside the world of size 4"):
         raydist.broadcast_object("x", src=4)
