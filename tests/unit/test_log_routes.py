@@ -10,12 +10,12 @@ from typing import Any, Dict, Optional, Set
 import pytest
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 
-from conftest import REPO
-
 from raydist.config import RunConfig, parse_local_ranks, parse_std
 from raydist.pool.driver.log_files import RankLog, RunLogs
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.logs import console_prefix, line_prefix, rank_route
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 CODES = ["0", "1", "2", "3", "0:1", "1:2", "0:3,1:1", "0:2,2:3"]

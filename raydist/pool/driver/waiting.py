@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from raydist.errors import WorkerFailure
 from raydist.pool.records import WorkerInfo
 from raydist.pool.records import Outcome
+from raydist.pool.rules.outcomes import death_line, rank_failure
 
 # After the first failure, how long to let other ranks report theirs (so that
 # the same error on every rank is reported once, with all the ranks).
@@ -98,39 +99,18 @@ def _take(
         try:
             value = ray.get(ref) if value is _FETCH_ONE else value
         except RayActorError as error:
-            waited.failures.append(_failure(rank, worker, died=_death_text(error)))
+            waited.failures.append(rank_failure(rank, worker, died=_death_text(error)))
             continue
         except Exception as error:  # noqa: BLE001 - a start-up step raised, or a result could not travel
             text = _unsendable_result(rank, error, actors[rank]) if actors is not None else str(error)
-            waited.failures.append(_failure(rank, worker, traceback=text))
+            waited.failures.append(rank_failure(rank, worker, traceback=text))
             continue
         if isinstance(value, Outcome):
             if not value.ok:
-                waited.failures.append(_failure(rank, worker, outcome=value))
+                waited.failures.append(rank_failure(rank, worker, outcome=value))
                 continue
             value = value.value
         waited.results[rank] = value
-
-
-def _failure(
-    rank: int,
-    worker: Optional[WorkerInfo],
-    *,
-    died: Optional[str] = None,
-    traceback: Optional[str] = None,
-    outcome: Optional[Outcome] = None,
-) -> WorkerFailure:
-    return WorkerFailure(
-        rank=rank,
-        node_id=worker.node_id if worker else "?",
-        node_ip=worker.node_ip if worker else "?",
-        pid=worker.pid if worker else -1,
-        timestamp=outcome.timestamp if outcome and outcome.timestamp else time.time(),
-        traceback=outcome.traceback if outcome else traceback,
-        exit_code=outcome.exit_code if outcome else None,
-        died=died,
-        exception_type=outcome.exception_type if outcome else None,
-    )
 
 
 def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
@@ -146,9 +126,4 @@ def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
 
 
 def _death_text(error: RayActorError) -> str:
-    text = str(error)
-    for line in text.splitlines():
-        line = line.strip()
-        if "exit" in line.lower() or "signal" in line.lower() or "killed" in line.lower():
-            return line
-    return text.strip().splitlines()[0] if text.strip() else "the worker process died"
+    return death_line(str(error))

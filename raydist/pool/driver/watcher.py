@@ -1,5 +1,6 @@
 """``GroupWatcher``: the thread that acts on node drains and new capacity
-while a group lives (the sizing rules are in ``raydist.pool.rules.sizing``)."""
+while a group lives. Its decisions (``look``) need no Ray; only the thread's
+poll does (the sizing rules are in ``raydist.pool.rules.sizing``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import logging
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from raydist.pool.cluster import ray_private
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.text import deadline_text, ranks_text
 
@@ -52,16 +52,18 @@ class GroupWatcher:
         self._stop.set()
 
     def _run(self) -> None:
+        from raydist.pool.cluster import ray_private  # here: the watcher's rules need no Ray
 
         while not self._stop.wait(self._interval):
             try:
-                self._look(ray_private.draining_nodes())
+                self.look(ray_private.draining_nodes())
             except Exception as error:  # noqa: BLE001 - a watcher must not die of one bad poll
                 if self._stop.is_set():
                     return
                 logger.debug("raydist: group watcher poll failed: %s", error)
 
-    def _look(self, drains: Mapping[str, float]) -> None:
+    def look(self, drains: Mapping[str, float]) -> None:
+        """One poll: warn the ranks on newly draining nodes; stop the group when it can grow."""
         for node_id, deadline in drains.items():
             if node_id in self._ranks_by_node and node_id not in self.drained and not self._stop.is_set():
                 self.drained[node_id] = deadline

@@ -1,0 +1,43 @@
+"""What one rank's end of a step says: a failure record from what came back
+(the user's code raised or exited, or the process died)."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from raydist.errors import WorkerFailure
+from raydist.pool.records import Outcome, WorkerInfo
+
+
+def rank_failure(
+    rank: int,
+    worker: Optional[WorkerInfo],
+    *,
+    died: Optional[str] = None,
+    traceback: Optional[str] = None,
+    outcome: Optional[Outcome] = None,
+) -> WorkerFailure:
+    """One failed rank: its place (``?`` before ranks are known), and the
+    outcome its code reported, or the text of how it died or why its value
+    could not come back."""
+    return WorkerFailure(
+        rank=rank,
+        node_id=worker.node_id if worker else "?",
+        node_ip=worker.node_ip if worker else "?",
+        pid=worker.pid if worker else -1,
+        timestamp=outcome.timestamp if outcome and outcome.timestamp else time.time(),
+        traceback=outcome.traceback if outcome else traceback,
+        exit_code=outcome.exit_code if outcome else None,
+        died=died,
+        exception_type=outcome.exception_type if outcome else None,
+    )
+
+
+def death_line(text: str) -> str:
+    """The line of Ray's dead-actor report that says how the process ended."""
+    for line in text.splitlines():
+        line = line.strip()
+        if "exit" in line.lower() or "signal" in line.lower() or "killed" in line.lower():
+            return line
+    return text.strip().splitlines()[0] if text.strip() else "the worker process died"

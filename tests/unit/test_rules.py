@@ -1,0 +1,231 @@
+"""The pool's pure rules, without Ray: feasibility and sizing, how a call
+ended and whether the run restarts, failure reports, the output splitter,
+a rank's launcher environment and the group watcher's decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from raydist.config import RunConfig
+from raydist.core.accelerators import BY_NAME, CPU
+from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout
+from raydist.pool.driver.watcher import GroupWatcher
+from raydist.pool.records import CallEnd, ClusterNode, Outcome, WorkerInfo
+from raydist.pool.rules.explain import NODE_LOST_TEXT
+from raydist.pool.rules.layout import worker_env
+from raydist.pool.rules.logs import split_forwarded
+from raydist.pool.rules.outcomes import death_line, rank_failure
+from raydist.pool.rules.policy import classify_end, decide_restart
+from raydist.pool.rules.sizing import default_num_workers, infeasibility, resolve_accelerator, worker_bundle
+
+GPU = BY_NAME["gpu"]
+
+
+def node(name: str, **resources: float) -> ClusterNode:
+    return ClusterNode(node_id=name * 8, ip="10.0.0.1", resources=resources)
+
+
+def worker(rank: int, node_id: str = "a" * 16, world: int = 2) -> WorkerInfo:
+    return WorkerInfo(
+        rank=rank, world_size=world, local_rank=rank, local_world_size=world, node_rank=0, num_nodes=1,
+        node_id=node_id, node_ip="10.0.0.1", pid=100 + rank, device_ids=(), visible_device_ids=(),
+        device_index=None, actor_index=rank,
+    )
+
+
+def failure(rank: int, *, died: Optional[str] = None, traceback: Optional[str] = None, at: float = 1.0,
+            node_id: str = "a" * 16, exit_code: Optional[int] = None) -> WorkerFailure:
+    return WorkerFailure(rank=rank, node_id=node_id, node_ip="10.0.0.1", pid=100 + rank, timestamp=at,
+                         traceback=traceback, died=died, exit_code=exit_code)
+
+
+# -- sizing and feasibility ------------------------------------------------------
+
+
+def test_auto_takes_the_device_named_in_the_resources_then_the_cluster_kind_then_cpu() -> None:
+    gpu_cluster = [node("a", CPU=8, GPU=2)]
+    assert resolve_accelerator("auto", {"GPU": 2}, [node("a", CPU=8)]) is GPU
+    assert resolve_accelerator("auto", {}, gpu_cluster) is GPU
+    assert resolve_accelerator("auto", {"GPU": 0}, gpu_cluster) is CPU  # GPU turned off explicitly
+    assert resolve_accelerator("auto", {}, [node("a", CPU=8)]) is CPU
+    assert resolve_accelerator("npu", {}, gpu_cluster) is BY_NAME["npu"]
+
+
+def test_a_bundle_is_one_cpu_and_one_device_unless_overridden() -> None:
+    assert worker_bundle(GPU, {}) == {"CPU": 1.0, "GPU": 1.0}
+    assert worker_bundle(GPU, {"CPU": 4, "GPU": 0.5}) == {"CPU": 4.0, "GPU": 0.5}
+    assert worker_bundle(CPU, {"CPU": 0, "custom": 1}) == {"custom": 1.0}
+    with pytest.raises(ValueError, match="no resources"):
+        worker_bundle(CPU, {"CPU": 0})
+
+
+def test_default_size_is_one_worker_per_device_share() -> None:
+    nodes = [node("a", CPU=8, GPU=2), node("b", CPU=8, GPU=3)]
+    assert default_num_workers(GPU, {"CPU": 1, "GPU": 1}, nodes) == 5
+    assert default_num_workers(GPU, {"CPU": 1, "GPU": 0.5}, nodes) == 10
+    assert default_num_workers(CPU, {"CPU": 2}, nodes) == 8
+    assert default_num_workers(GPU, {"GPU": 1}, [node("a", CPU=8)]) == 0
+
+
+def test_feasible_requests_have_no_reason() -> None:
+    nodes = [node("a", CPU=4), node("b", CPU=2)]
+    assert infeasibility({"CPU": 1}, 6, "PACK", nodes) is None
+    assert infeasibility({"CPU": 1}, 2, "STRICT_SPREAD", nodes) is None
+
+
+@pytest.mark.parametrize(
+    "bundle, count, strategy, words",
+    [
+        ({"CPU": 1}, 7, "PACK", ["at most 6", "in the cluster", "[{CPU: 4}, {CPU: 2}]"]),
+        ({"CPU": 1}, 5, "STRICT_PACK", ["at most 4", "on one node"]),
+        ({"CPU": 1}, 3, "STRICT_SPREAD", ["at most 2", "on distinct nodes"]),
+        ({"CPU": 1, "GPU": 1}, 1, "PACK", ["at most 0", "GPU: 0"]),
+    ],
+)
+def test_infeasible_requests_say_what_fits_and_what_each_node_has(
+    bundle: Dict[str, float], count: int, strategy: str, words: List[str]
+) -> None:
+    reason = infeasibility(bundle, count, strategy, [node("a", CPU=4), node("b", CPU=2)])
+    assert reason is not None
+    for word in words:
+        assert word in reason
+
+
+# -- how a call ended, and the restart policy -----------------------------------------
+
+
+def test_a_call_ends_finished_timed_out_or_failed() -> None:
+    assert classify_end([], []) is CallEnd.FINISHED
+    assert classify_end([], [1]) is CallEnd.TIMED_OUT
+    assert classify_end([failure(0, traceback="boom")], [1]) is CallEnd.RANK_FAILED
+    assert classify_end([failure(0, died="killed by SIGSEGV")], []) is CallEnd.RANK_FAILED
+
+
+def test_a_dead_node_is_a_lost_node_and_a_draining_one_a_preemption() -> None:
+    lost = [failure(1, died=NODE_LOST_TEXT, at=2.0), failure(0, traceback="gloo: connection reset", at=1.0)]
+    assert classify_end(lost, []) is CallEnd.NODE_LOST  # the death is the root cause, not the earlier raise
+    assert classify_end(lost, [], drained_nodes={"a" * 16}) is CallEnd.DRAINED
+
+
+def test_what_raydist_did_itself_explains_the_failures_first() -> None:
+    failed = [failure(0, died="killed")]
+    assert classify_end(failed, [], cancelled=True) is CallEnd.CANCELLED
+    assert classify_end(failed, [], grow_by=2) is CallEnd.GROW
+    assert classify_end(failed, [], closed=True) is CallEnd.SHUT_DOWN
+
+
+def group_error(end: CallEnd, *failures: WorkerFailure, preempted: Tuple[str, ...] = ()) -> WorkerGroupError:
+    error = WorkerGroupError(failures, preempted_nodes=preempted)
+    error.end = end
+    return error
+
+
+def decide(error: BaseException, *, retry: bool = False, left: int = 1, driver: Optional[str] = None) -> Any:
+    return decide_restart(error, retry_on_exception=retry, restarts_left=left, driver_node=driver)
+
+
+def test_a_dead_rank_restarts_while_restarts_are_left() -> None:
+    error = group_error(CallEnd.RANK_FAILED, failure(1, died="killed by SIGKILL"))
+    decision = decide(error)
+    assert decision.restart is not None and decision.restart.counted
+    assert "rank 1" in decision.restart.detail and "SIGKILL" in decision.restart.detail
+    assert decide(error, left=0).restart is None
+
+
+def test_code_that_raised_restarts_only_with_retry_on_exception() -> None:
+    error = group_error(CallEnd.RANK_FAILED, failure(0, traceback="Traceback ...\nValueError: bad batch\n"))
+    assert decide(error).restart is None
+    decision = decide(error, retry=True)
+    assert decision.restart is not None and decision.restart.detail == "rank 0: ValueError: bad batch"
+
+
+def test_preemption_and_growth_are_not_counted() -> None:
+    drained = group_error(CallEnd.DRAINED, failure(0, died="killed"), preempted=("a" * 16,))
+    grow = WorkerGroupStopped("room for 2 more")
+    grow.end = CallEnd.GROW
+    for error in (drained, grow):
+        decision = decide(error, left=0)
+        assert decision.restart is not None and not decision.restart.counted
+
+
+def test_a_drain_of_the_drivers_own_node_is_not_restarted_and_says_why() -> None:
+    drained = group_error(CallEnd.DRAINED, failure(0, died="killed"), preempted=("a" * 16,))
+    decision = decide(drained, driver="a" * 16)
+    assert decision.restart is None and "driver's node" in (decision.why_not or "")
+
+
+def test_timeouts_and_unclassified_errors_end_the_run() -> None:
+    timeout = WorkerGroupTimeout(5.0, [1])
+    timeout.end = CallEnd.TIMED_OUT
+    assert decide(timeout, retry=True, left=5).restart is None
+    assert decide(ValueError("bad option"), retry=True, left=5).restart is None
+
+
+# -- failure reports ------------------------------------------------------------------
+
+
+def test_a_failure_summary_is_the_cause_not_the_last_printed_line() -> None:
+    assert failure(0, traceback="Traceback (most recent call last):\n  ...\nKeyError: 'x'\n\n").summary() == "KeyError: 'x'"
+    assert failure(0, exit_code=3).summary() == "exited with status 3"
+    assert failure(0, died="killed by SIGSEGV").summary() == "process died: killed by SIGSEGV"
+
+
+def test_the_report_groups_identical_failures_and_marks_the_root_cause() -> None:
+    same = "Traceback ...\nRuntimeError: peer gone\n"
+    error = WorkerGroupError([failure(2, traceback=same, at=3.0), failure(0, died="killed by SIGKILL", at=5.0),
+                              failure(1, traceback=same, at=2.0)])
+    message = str(error)
+    assert error.root_cause.rank == 0  # a death wins over the peers' errors
+    assert error.failed_ranks == [0, 1, 2]
+    assert message.count("RuntimeError: peer gone") == 1
+    assert "--- rank 0 [root cause]" in message and "--- ranks 1-2 on node" in message
+
+
+def test_a_failure_record_from_an_outcome_or_a_death() -> None:
+    outcome = Outcome(traceback="tb", exception_type="ValueError", timestamp=7.0)
+    made = rank_failure(1, worker(1), outcome=outcome)
+    assert (made.rank, made.pid, made.traceback, made.timestamp, made.crashed) == (1, 101, "tb", 7.0, False)
+    dead = rank_failure(0, None, died="exited")
+    assert dead.crashed and dead.node_id == "?"
+    text = "The actor died unexpectedly.\nWorker exit type: SYSTEM_ERROR Worker exit detail: killed by signal 9\n"
+    assert death_line(text).startswith("Worker exit type")
+    assert death_line("") == "the worker process died"
+
+
+# -- output, environment, watcher ---------------------------------------------------------
+
+
+def test_forwarded_lines_are_split_from_markers_and_rays_tqdm_lines() -> None:
+    token = "raydist-output-end-abc"
+    lines = ["first", "partial" + token + " 4", "__ray_tqdm_magic_token__ {}", token + " 5", "last"]
+    kept, marked, tqdm = split_forwarded(lines, token)
+    assert kept == ["first", "partial", "last"] and marked == 5 and len(tqdm) == 1
+    assert split_forwarded([token + " mangled"], token) == ([], None, [])
+
+
+def test_a_ranks_environment_is_torchruns_plus_devices_then_the_users() -> None:
+    info = dataclasses.replace(worker(1), device_ids=("3",), visible_device_ids=("2", "3"), device_index=1)
+    config = RunConfig(num_workers=2, env={"MY_FLAG": "1"}, max_restarts=2)
+    env = worker_env(info, master_addr="10.0.0.9", master_port=29511, run_id="run", restart_count=1, config=config,
+                     accelerator=GPU, cpus=4.0, extra={"EXTRA": "x"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
+        "1", "1", "2", "10.0.0.9", "29511")
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["RAYDIST_DEVICE_INDEX"] == "1"
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
+    assert env["OMP_NUM_THREADS"] == "4" and env["MY_FLAG"] == "1" and env["EXTRA"] == "x"
+
+
+def test_the_watcher_warns_each_draining_node_once_and_stops_to_grow() -> None:
+    warned: List[Tuple[List[int], float]] = []
+    stopped: List[bool] = []
+    workers = [worker(0, "a" * 16, 3), worker(1, "a" * 16, 3), worker(2, "b" * 16, 3)]
+    watcher = GroupWatcher(workers, lambda ranks, deadline: warned.append((ranks, deadline)), lambda: stopped.append(True))
+    watcher.look({"b" * 16: 99.0, "z" * 16: 5.0})  # z is not the group's
+    watcher.look({"b" * 16: 99.0})
+    assert warned == [([2], 99.0)] and watcher.drained == {"b" * 16: 99.0} and not stopped
+    growing = GroupWatcher(workers, lambda ranks, deadline: None, lambda: stopped.append(True), room=lambda: 2)
+    growing.look({})
+    assert stopped == [True] and growing.grow_by == 2

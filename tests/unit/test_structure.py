@@ -1,0 +1,114 @@
+"""The package's shape, read from its source: imports run one way, nothing
+imports in a circle, and no function or class outgrows a reader."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "raydist"
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 200
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: Dict[str, ast.Module] = {module_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(tree: ast.AST, top_level_only: bool) -> Iterator[str]:
+    """raydist modules imported by ``tree``: everywhere (lazy imports too), or
+    only those run when the module is imported (not under TYPE_CHECKING)."""
+    nodes = list(ast.iter_child_nodes(tree))
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, ast.If) and top_level_only and _type_checking(node):
+            nodes.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and top_level_only:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("raydist"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("raydist"):
+            # `from raydist.pool import ray_private` imports a submodule
+            yield from (f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names)
+        nodes.extend(ast.iter_child_nodes(node))
+
+
+def test_the_core_imports_nothing_else_of_raydist_and_backends_only_the_core() -> None:
+    for name, tree in MODULES.items():
+        used = set(imports(tree, top_level_only=False))
+        if name.startswith("raydist.core"):
+            assert {m for m in used if not m.startswith("raydist.core")} == set(), name
+        if name.startswith("raydist.backends"):
+            assert {m for m in used if not m.startswith(("raydist.core", "raydist.backends"))} == set(), name
+
+
+def test_ray_stays_out_of_the_core_backends_config_and_rules() -> None:
+    ray_free = ("raydist.core", "raydist.backends", "raydist.config", "raydist.errors", "raydist.pool.rules", "raydist.pool.records")
+    for name, tree in MODULES.items():
+        if name.startswith(ray_free):
+            for node in ast.walk(tree):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                assert not any(n == "ray" or n.startswith("ray.") for n in names), name
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
+    state: Dict[str, int] = {}  # 1: on the path, 2: done
+    path: List[str] = []
+
+    def visit(node: str) -> List[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    graph = {name: {m for m in imports(tree, top_level_only=True) if m in MODULES and m != name} for name, tree in MODULES.items()}
+    # A package's __init__ that re-exports nothing does not count as a step.
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def sizes() -> Iterator[Tuple[str, str, int]]:
+    for name, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                yield f"{name}.{node.name}", type(node).__name__, (node.end_lineno or first) - first + 1
+
+
+@pytest.mark.parametrize("kind, limit", [("FunctionDef", MAX_FUNCTION_LINES), ("ClassDef", MAX_CLASS_LINES)])
+def test_no_function_or_class_outgrows_its_limit(kind: str, limit: int) -> None:
+    too_long = [f"{name}: {lines} lines" for name, node_kind, lines in sizes() if node_kind == kind and lines > limit]
+    assert too_long == []
