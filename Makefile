@@ -29,8 +29,13 @@ demo: install
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
 	$(PY) examples/ddp_raydist.py --num-workers 2 --steps 20
 
-test: install-test horovod
-	$(PY) -m pytest -q
+# The unit tier (pure rules, no Ray, under a minute) and the type check run
+# before the horovod build and the live tier, so a broken rule fails fast.
+test: install-test
+	$(PY) -m pytest -q tests/unit
+	$(PY) -m mypy
+	$(MAKE) horovod
+	$(PY) -m pytest -q tests/live
 
 bench: install
 	$(PIP) install --quiet -e '.[bench]' $(TORCH_PIN)

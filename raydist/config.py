@@ -304,6 +304,120 @@ def _signal_or_none(value: str) -> Optional[str]:
     return None if value.lower() == "none" else value
 
 
+# The CLI flag of each option (see cli()); kept beside the class so that the
+# option table reads one line per option.
+_NUM_WORKERS_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node and --nnodes", generated=False)
+
+_ACCELERATOR_FLAG = cli(
+        "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
+        help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
+    )
+
+_RESOURCES_PER_WORKER_FLAG = cli(
+        "--resources-per-worker", parse=parse_resources, metavar="JSON",
+        help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
+        "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
+        'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
+        "plus 1 device",
+    )
+
+_BACKEND_FLAG = cli(
+        "--backend", metavar="NAME",
+        help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
+        "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
+        "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
+        "direct dist.init_process_group() call would fail). Default: leave initialization to the "
+        "script, as torchrun does",
+    )
+
+_ENV_FLAG = cli(
+        "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
+        help="set an environment variable on every worker (repeatable); workers on a "
+        "remote cluster do not inherit this shell's environment",
+    )
+
+_PLACEMENT_STRATEGY_FLAG = cli(
+        "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
+        metavar="STRATEGY",
+        help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
+        "(default: {default}, or SPREAD with --nnodes above 1)",
+    )
+
+_TIMEOUT_FLAG = cli(
+        "--timeout", parse=parse_seconds, metavar="SECONDS",
+        help="stop the run and fail if the script has not finished on every rank after "
+        "this many seconds (default: no limit)",
+    )
+
+_STARTUP_TIMEOUT_FLAG = cli(
+        "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
+        help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
+        "provide the workers, and for them to initialise (default {default:g}); a request the "
+        "cluster can never meet fails at once",
+    )
+
+_MAX_RESTARTS_FLAG = cli(
+        "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
+        help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
+        "group on fresh workers and rerun the script, up to K times, as torchrun does "
+        "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
+    )
+
+_ADDRESS_FLAG = cli(
+        "--address", metavar="ADDRESS",
+        help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
+        "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
+        "inside `ray job submit`), else the cluster started with `ray start` on this "
+        "machine, else a private local Ray (no dashboard) that stops when the run ends",
+    )
+
+_PG_TIMEOUT_FLAG = cli(
+        "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
+        help="how long a collective may wait before the process group fails it (torch's "
+        "init_process_group timeout); applies with --backend, where raydist initialises the group",
+    )
+
+_LOG_DIR_FLAG = cli(
+        "--log-dir", "--log_dir", metavar="DIR",
+        help="directory for per-rank log files, laid out as torchrun does: "
+        "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
+        "restart. Written on this machine (the driver's), for every rank on every node",
+    )
+
+_REDIRECTS_FLAG = cli(
+        "-r", "--redirects", metavar="CODES",
+        help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
+        "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
+        "the files go to a new temporary directory (default {default})",
+    )
+
+_TEE_FLAG = cli(
+        "-t", "--tee", metavar="CODES",
+        help="send streams to the log files and the console (codes as for --redirects; default {default})",
+    )
+
+_LOCAL_RANKS_FILTER_FLAG = cli(
+        "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
+        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
+        "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
+        "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
+    )
+
+_RESTART_TO_GROW_FLAG = cli(
+        "--restart-to-grow", action="store_true",
+        help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
+        "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
+        "on a membership change (not counted against --max-restarts)",
+    )
+
+_PREEMPTION_SIGNAL_FLAG = cli(
+        "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
+        help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
+        "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
+        "'none' for no signal (default: {default})",
+    )
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The options of one run. Built once (checked in ``__post_init__``), never changed.
@@ -355,204 +469,30 @@ class RunConfig:
         None: no signal, only the deadline.
     """
 
-    num_workers: Union[None, int, Tuple[int, int]] = field(
-        default=None, metadata=cli("--nproc-per-node", help="set by -n/--nproc-per-node and --nnodes", generated=False)
-    )
-    accelerator: str = field(
-        default="auto",
-        metadata=cli(
-            "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
-            help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
-        ),
-    )
-    resources_per_worker: Mapping[str, float] = field(
-        default_factory=dict,
-        metadata=cli(
-            "--resources-per-worker", parse=parse_resources, metavar="JSON",
-            help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
-            "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
-            'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
-            "plus 1 device",
-        ),
-    )
-    backend: Optional[str] = field(
-        default=None,
-        metadata=cli(
-            "--backend", metavar="NAME",
-            help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
-            "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
-            "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
-            "direct dist.init_process_group() call would fail). Default: leave initialization to the "
-            "script, as torchrun does",
-        ),
-    )
-    env: Mapping[str, str] = field(
-        default_factory=dict,
-        metadata=cli(
-            "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
-            help="set an environment variable on every worker (repeatable); workers on a "
-            "remote cluster do not inherit this shell's environment",
-        ),
-    )
-    placement_strategy: str = field(
-        default="PACK",
-        metadata=cli(
-            "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
-            metavar="STRATEGY",
-            help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-            "(default: {default}, or SPREAD with --nnodes above 1)",
-        ),
-    )
-    timeout: Optional[float] = field(
-        default=None,
-        metadata=cli(
-            "--timeout", parse=parse_seconds, metavar="SECONDS",
-            help="stop the run and fail if the script has not finished on every rank after "
-            "this many seconds (default: no limit)",
-        ),
-    )
-    startup_timeout: float = field(
-        default=300.0,
-        metadata=cli(
-            "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
-            help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
-            "provide the workers, and for them to initialise (default {default:g}); a request the "
-            "cluster can never meet fails at once",
-        ),
-    )
-    max_restarts: int = field(
-        default=0,
-        metadata=cli(
-            "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
-            help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
-            "group on fresh workers and rerun the script, up to K times, as torchrun does "
-            "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
-        ),
-    )
+    num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
+    accelerator: str = field(default="auto", metadata=_ACCELERATOR_FLAG)
+    resources_per_worker: Mapping[str, float] = field(default_factory=dict, metadata=_RESOURCES_PER_WORKER_FLAG)
+    backend: Optional[str] = field(default=None, metadata=_BACKEND_FLAG)
+    env: Mapping[str, str] = field(default_factory=dict, metadata=_ENV_FLAG)
+    placement_strategy: str = field(default="PACK", metadata=_PLACEMENT_STRATEGY_FLAG)
+    timeout: Optional[float] = field(default=None, metadata=_TIMEOUT_FLAG)
+    startup_timeout: float = field(default=300.0, metadata=_STARTUP_TIMEOUT_FLAG)
+    max_restarts: int = field(default=0, metadata=_MAX_RESTARTS_FLAG)
     retry_on_exception: bool = False  # raydist run: always (torchrun restarts after any failure)
-    address: Optional[str] = field(
-        default=None,
-        metadata=cli(
-            "--address", metavar="ADDRESS",
-            help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
-            "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
-            "inside `ray job submit`), else the cluster started with `ray start` on this "
-            "machine, else a private local Ray (no dashboard) that stops when the run ends",
-        ),
-    )
+    address: Optional[str] = field(default=None, metadata=_ADDRESS_FLAG)
     init_process_group: bool = True  # raydist run: only with --backend
     object_store_threshold: Optional[int] = DEFAULT_OBJECT_STORE_THRESHOLD
-    pg_timeout: Optional[float] = field(
-        default=None,
-        metadata=cli(
-            "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
-            help="how long a collective may wait before the process group fails it (torch's "
-            "init_process_group timeout); applies with --backend, where raydist initialises the group",
-        ),
-    )
-    log_dir: Optional[str] = field(
-        default=None,
-        metadata=cli(
-            "--log-dir", "--log_dir", metavar="DIR",
-            help="directory for per-rank log files, laid out as torchrun does: "
-            "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
-            "restart. Written on this machine (the driver's), for every rank on every node",
-        ),
-    )
-    redirects: StdSpec = field(
-        default=STD_NONE,
-        metadata=cli(
-            "-r", "--redirects", metavar="CODES",
-            help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
-            "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
-            "the files go to a new temporary directory (default {default})",
-        ),
-    )
-    tee: StdSpec = field(
-        default=STD_NONE,
-        metadata=cli(
-            "-t", "--tee", metavar="CODES",
-            help="send streams to the log files and the console (codes as for --redirects; default {default})",
-        ),
-    )
-    local_ranks_filter: Optional[Tuple[int, ...]] = field(
-        default=None,
-        metadata=cli(
-            "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
-            help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
-            "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
-            "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
-        ),
-    )
-    restart_to_grow: bool = field(
-        default=False,
-        metadata=cli(
-            "--restart-to-grow", action="store_true",
-            help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
-            "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
-            "on a membership change (not counted against --max-restarts)",
-        ),
-    )
-    preemption_signal: Optional[str] = field(
-        default="SIGTERM",
-        metadata=cli(
-            "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
-            help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
-            "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
-            "'none' for no signal (default: {default})",
-        ),
-    )
+    pg_timeout: Optional[float] = field(default=None, metadata=_PG_TIMEOUT_FLAG)
+    log_dir: Optional[str] = field(default=None, metadata=_LOG_DIR_FLAG)
+    redirects: StdSpec = field(default=STD_NONE, metadata=_REDIRECTS_FLAG)
+    tee: StdSpec = field(default=STD_NONE, metadata=_TEE_FLAG)
+    local_ranks_filter: Optional[Tuple[int, ...]] = field(default=None, metadata=_LOCAL_RANKS_FILTER_FLAG)
+    restart_to_grow: bool = field(default=False, metadata=_RESTART_TO_GROW_FLAG)
+    preemption_signal: Optional[str] = field(default="SIGTERM", metadata=_PREEMPTION_SIGNAL_FLAG)
 
     def __post_init__(self) -> None:
-        self._check_num_workers()
-        self._set("accelerator", _check_choice("accelerator", self.accelerator, ACCELERATOR_CHOICES))
-        self._set("resources_per_worker", check_resources({} if self.resources_per_worker is None else self.resources_per_worker))
-        self._check_devices()
-        if self.backend is not None:
-            if not isinstance(self.backend, str) or not self.backend.strip():
-                raise TypeError(f"backend must be a backend name such as 'gloo' or 'horovod', not {self.backend!r}")
-            self._set("backend", self.backend.strip().lower())
-        self._set("env", check_env({} if self.env is None else self.env))
-        self._set("placement_strategy", _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES))
-        if self.timeout is not None:
-            self._set("timeout", check_seconds("timeout", self.timeout))
-        self._set("startup_timeout", check_seconds("startup_timeout", self.startup_timeout))
-        _check_int("max_restarts", self.max_restarts, 0)
-        _check_bool("retry_on_exception", self.retry_on_exception)
-        _check_bool("init_process_group", self.init_process_group)
-        if self.backend is not None and not self.init_process_group and backend_entry(self.backend).name == TORCH_BACKEND:
-            # torch.distributed's backends name what init_process_group would use;
-            # another backend (horovod, a plugin) is always initialised.
-            raise ValueError(f"backend={self.backend!r} has no effect with init_process_group=False")
-        if self.object_store_threshold is not None:
-            _check_int("object_store_threshold", self.object_store_threshold, 0)
-        if self.pg_timeout is not None:
-            self._set("pg_timeout", check_seconds("pg_timeout", self.pg_timeout))
-        self._check_address()
-        if self.log_dir is not None:
-            self._set("log_dir", check_log_dir(self.log_dir))
-        self._set("redirects", parse_std("redirects", self.redirects))
-        self._set("tee", parse_std("tee", self.tee))
-        self._set("local_ranks_filter", parse_local_ranks("local_ranks_filter", self.local_ranks_filter))
-        _check_bool("restart_to_grow", self.restart_to_grow)
-        if self.restart_to_grow and not self.elastic:
-            raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
-        if self.preemption_signal is not None:
-            self._set("preemption_signal", _check_signal(self.preemption_signal))
-
-    def _check_num_workers(self) -> None:
-        value = self.num_workers
-        if value is None or not isinstance(value, (tuple, list)):
-            if value is not None:
-                _check_int("num_workers", value, 1)
-            return
-        if len(value) != 2:
-            raise ValueError(f"num_workers as a range is (min, max), got {value!r}")
-        _check_int("num_workers min", value[0], 1)
-        _check_int("num_workers max", value[1], 1)
-        if value[1] < value[0]:
-            raise ValueError(f"num_workers=(min, max) needs min <= max, got {tuple(value)!r}")
-        self._set("num_workers", value[0] if value[0] == value[1] else (value[0], value[1]))
+        _check_values(self)
+        _check_combinations(self)
 
     @property
     def elastic(self) -> bool:
@@ -565,36 +505,6 @@ class RunConfig:
             return None
         return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
 
-    def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)  # normalising inside a frozen dataclass
-
-    def _check_devices(self) -> None:
-        resources = self.resources_per_worker
-        if self.accelerator == "cpu":
-            asked = [name for name in DEVICE_RESOURCES if resources.get(name, 0) > 0]
-            if asked:
-                raise ValueError(f"resources_per_worker asks for {asked[0]} but accelerator='cpu'")
-            if resources and not any(resources.values()) and resources.get("CPU", 1) == 0:
-                raise ValueError("resources_per_worker leaves a CPU worker with no resources at all")
-        elif self.accelerator != "auto":
-            resource = BY_NAME[self.accelerator].ray_resource
-            if resources.get(resource, 1) == 0:
-                raise ValueError(
-                    f"resources_per_worker sets {resource} to 0 but accelerator={self.accelerator!r} needs it"
-                )
-
-    def _check_address(self) -> None:
-        if self.address is None:
-            return
-        if not isinstance(self.address, str) or not self.address.strip():
-            raise TypeError(f"address must be a Ray address such as 'HOST:6379', not {self.address!r}")
-        if self.address.startswith(("http://", "https://")):
-            raise ValueError(
-                f"address {self.address!r} is a dashboard / job API address; give the cluster's "
-                "GCS address (HOST:6379), or submit the run as a job: "
-                f"ray job submit --address {self.address} -- raydist run ..."
-            )
-
     @property
     def horovod(self) -> bool:
         return self.backend == "horovod"
@@ -604,13 +514,104 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _set(config: RunConfig, name: str, value: Any) -> None:
+    object.__setattr__(config, name, value)  # normalising inside a frozen dataclass
+
+
+def _check_values(config: RunConfig) -> None:
+    """Each option alone: types, ranges, spellings (normalised in place)."""
+    _check_num_workers(config)
+    _set(config, "accelerator", _check_choice("accelerator", config.accelerator, ACCELERATOR_CHOICES))
+    _set(config, "resources_per_worker", check_resources({} if config.resources_per_worker is None else config.resources_per_worker))
+    _check_devices(config)
+    if config.backend is not None:
+        if not isinstance(config.backend, str) or not config.backend.strip():
+            raise TypeError(f"backend must be a backend name such as 'gloo' or 'horovod', not {config.backend!r}")
+        _set(config, "backend", config.backend.strip().lower())
+    _set(config, "env", check_env({} if config.env is None else config.env))
+    _set(config, "placement_strategy", _check_choice("placement_strategy", config.placement_strategy, PLACEMENT_STRATEGIES))
+    if config.timeout is not None:
+        _set(config, "timeout", check_seconds("timeout", config.timeout))
+    _set(config, "startup_timeout", check_seconds("startup_timeout", config.startup_timeout))
+    _check_int("max_restarts", config.max_restarts, 0)
+    _check_bool("retry_on_exception", config.retry_on_exception)
+    _check_bool("init_process_group", config.init_process_group)
+
+
+def _check_combinations(config: RunConfig) -> None:
+    """Options checked together, and the rest of the per-option checks."""
+    if config.backend is not None and not config.init_process_group and backend_entry(config.backend).name == TORCH_BACKEND:
+        # torch.distributed's backends name what init_process_group would use;
+        # another backend (horovod, a plugin) is always initialised.
+        raise ValueError(f"backend={config.backend!r} has no effect with init_process_group=False")
+    if config.object_store_threshold is not None:
+        _check_int("object_store_threshold", config.object_store_threshold, 0)
+    if config.pg_timeout is not None:
+        _set(config, "pg_timeout", check_seconds("pg_timeout", config.pg_timeout))
+    _check_address(config)
+    if config.log_dir is not None:
+        _set(config, "log_dir", check_log_dir(config.log_dir))
+    _set(config, "redirects", parse_std("redirects", config.redirects))
+    _set(config, "tee", parse_std("tee", config.tee))
+    _set(config, "local_ranks_filter", parse_local_ranks("local_ranks_filter", config.local_ranks_filter))
+    _check_bool("restart_to_grow", config.restart_to_grow)
+    if config.restart_to_grow and not config.elastic:
+        raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
+    if config.preemption_signal is not None:
+        _set(config, "preemption_signal", _check_signal(config.preemption_signal))
+
+
+def _check_num_workers(config: RunConfig) -> None:
+    value = config.num_workers
+    if value is None or not isinstance(value, (tuple, list)):
+        if value is not None:
+            _check_int("num_workers", value, 1)
+        return
+    if len(value) != 2:
+        raise ValueError(f"num_workers as a range is (min, max), got {value!r}")
+    _check_int("num_workers min", value[0], 1)
+    _check_int("num_workers max", value[1], 1)
+    if value[1] < value[0]:
+        raise ValueError(f"num_workers=(min, max) needs min <= max, got {tuple(value)!r}")
+    _set(config, "num_workers", value[0] if value[0] == value[1] else (value[0], value[1]))
+
+
+def _check_devices(config: RunConfig) -> None:
+    resources = config.resources_per_worker
+    if config.accelerator == "cpu":
+        asked = [name for name in DEVICE_RESOURCES if resources.get(name, 0) > 0]
+        if asked:
+            raise ValueError(f"resources_per_worker asks for {asked[0]} but accelerator='cpu'")
+        if resources and not any(resources.values()) and resources.get("CPU", 1) == 0:
+            raise ValueError("resources_per_worker leaves a CPU worker with no resources at all")
+    elif config.accelerator != "auto":
+        resource = BY_NAME[config.accelerator].ray_resource or "CPU"
+        if resources.get(resource, 1) == 0:
+            raise ValueError(
+                f"resources_per_worker sets {resource} to 0 but accelerator={config.accelerator!r} needs it"
+            )
+
+
+def _check_address(config: RunConfig) -> None:
+    if config.address is None:
+        return
+    if not isinstance(config.address, str) or not config.address.strip():
+        raise TypeError(f"address must be a Ray address such as 'HOST:6379', not {config.address!r}")
+    if config.address.startswith(("http://", "https://")):
+        raise ValueError(
+            f"address {config.address!r} is a dashboard / job API address; give the cluster's "
+            "GCS address (HOST:6379), or submit the run as a job: "
+            f"ray job submit --address {config.address} -- raydist run ..."
+        )
+
+
 OPTION_NAMES: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 def option_default(option: "dataclasses.Field[Any]") -> Any:
     """A RunConfig field's default value (a fresh one for a factory)."""
-    if option.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return option.default_factory()  # type: ignore[misc]
+    if option.default_factory is not dataclasses.MISSING:
+        return option.default_factory()
     return option.default
 
 

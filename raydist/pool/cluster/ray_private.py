@@ -45,8 +45,8 @@ def cluster_has_autoscaler() -> bool:
 
         gcs = internal_kv_get_gcs_client()
         v2 = gcs.internal_kv_get(
-            ray._raylet.GCS_AUTOSCALER_V2_ENABLED_KEY.encode(),
-            namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode(),
+            ray._raylet.GCS_AUTOSCALER_V2_ENABLED_KEY.encode(),  # type: ignore[attr-defined]
+            namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode(),  # type: ignore[attr-defined]
         )
         if v2 == b"1":
             return True
@@ -95,7 +95,7 @@ def drop_pickled_reference(ref: ray.ObjectRef) -> None:
     store until the worker exits.
     """
     try:
-        ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)
+        ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)  # type: ignore[attr-defined]
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
         warn_once("unpin", f"cannot release large objects early ({type(error).__name__}: {error}); "
                   "they are freed when the worker exits")
@@ -110,7 +110,7 @@ def probe_gcs(address: str) -> None:
     once with ``ray.exceptions.AuthenticationError`` (or after ~40 s with
     ``RpcError``). The GCS client is not public API.
     """
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     GcsClient(address=address).internal_kv_get(b"raydist-probe", namespace=None, timeout=5)
 

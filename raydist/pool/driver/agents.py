@@ -4,7 +4,7 @@ for evidence, stacks or a preemption warning, and explain dead ranks."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -63,7 +63,7 @@ def explain_deaths(failures: Sequence["WorkerFailure"], workers: Sequence["Worke
     explained = []
     for failure in failures:
         if failure.rank in dead:
-            tail, code = found.get(failure.rank, (None, None))  # type: ignore[misc]
+            tail, code = cast(Tuple[Optional[str], Optional[int]], found.get(failure.rank, (None, None)))
             cause = explain_death(failure.died or "", tail, code, workers[failure.rank].node_id in alive)
             failure = dataclasses.replace(failure, died=cause, output=tail)
         explained.append(failure)

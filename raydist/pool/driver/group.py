@@ -222,7 +222,7 @@ class WorkerGroup:
             if connected_session() != self._session:
                 raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
-        if waited.pending and not waited.failures and (group_left is None or limit < group_left):
+        if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
             raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
         grow_by = self._watcher.grow_by if self._watcher is not None else 0
         end = classify_end(
@@ -232,28 +232,10 @@ class WorkerGroup:
         if end is CallEnd.FINISHED:
             output = self._members.output if self._members else None
             return output.settle(future.number, waited.results) if output is not None else waited.results
-        error = self._error_for(end, waited, limit or 0.0, grow_by)
-        error.end = error.end or end
+        ended = _error_for(self, end, waited, limit or 0.0, grow_by)
+        ended.end = ended.end or end
         self._stop_then_settle(future.number, waited)
-        raise error
-
-    def _error_for(self, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
-        """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
-        if end is CallEnd.CANCELLED:
-            return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
-        if end is CallEnd.GROW:
-            return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
-        if end is CallEnd.SHUT_DOWN:
-            return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
-        if end is CallEnd.TIMED_OUT:
-            return WorkerGroupTimeout(limit, waited.pending, self._stacks_of(waited.pending))
-        failures = waited.failures
-        if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
-            failures = explain_deaths(failures, self.workers, self._members.agents if self._members else {})
-        drained = self.drained_nodes
-        error = WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
-        error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
-        return error
+        raise ended
 
     def _stop_then_settle(self, number: int, waited: Waited) -> None:
         """Kill the group first (peers stuck in a collective need not wait),
@@ -322,6 +304,25 @@ class WorkerGroup:
                 self.shutdown(graceful=False)
             except Exception:  # noqa: BLE001 - best effort at interpreter or collection time
                 pass
+
+
+def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
+    """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
+    if end is CallEnd.CANCELLED:
+        return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
+    if end is CallEnd.GROW:
+        return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
+    if end is CallEnd.SHUT_DOWN:
+        return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
+    if end is CallEnd.TIMED_OUT:
+        return WorkerGroupTimeout(limit, waited.pending, group._stacks_of(waited.pending))
+    failures = waited.failures
+    if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
+        failures = explain_deaths(failures, group.workers, group._members.agents if group._members else {})
+    drained = group.drained_nodes
+    error = WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
+    error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
+    return error
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:

@@ -147,6 +147,7 @@ class GroupBuilder:
 
     def _create(self, members: Members) -> None:
         bundle, pg = members.bundle, members.pg
+        assert pg is not None, "reserved in the step before"
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         for index in range(len(members.actors)):
             members.actors[index] = _RemoteWorker.options(

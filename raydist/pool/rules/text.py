@@ -13,7 +13,7 @@ def ranks_text(ranks: Sequence[int]) -> str:
     spans: List[str] = []
     ordered = sorted(ranks)
     start = prev = ordered[0]
-    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+    for rank in [*ordered[1:], None]:
         if rank is not None and rank == prev + 1:
             prev = rank
             continue

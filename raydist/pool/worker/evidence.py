@@ -44,7 +44,7 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
     # os._exit(n) ends the process without a trace Ray reports; note n first.
     real_exit = os._exit
 
-    def exit_noting_status(status: int) -> None:  # type: ignore[misc]
+    def exit_noting_status(status: int) -> None:
         try:
             with open(evidence.exit_note_path, "w") as note:
                 note.write(str(status))
