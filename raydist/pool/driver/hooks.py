@@ -56,6 +56,7 @@ def group_hooks(config: RunConfig) -> GroupHooks:
     from raydist.core.backend import backend_entry, load
 
     entry = backend_entry(config.backend)
+    entry.check_requires()
     hooks: GroupHooks = load(entry.driver_hooks)(config)
     hooks.entry = entry
     return hooks
