@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import ipaddress
 import json
 import math
 import os
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from raydist.core.accelerators import (
     ACCELERATOR_CHOICES,
@@ -227,6 +228,91 @@ def check_log_dir(value: Any) -> str:
     return path
 
 
+# Ray's label syntax (Kubernetes'): a name, an optional DNS-subdomain prefix for keys.
+_LABEL_NAME = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+_LABEL_KEY = re.compile(rf"^({_LABEL_NAME}(\.{_LABEL_NAME})*/)?{_LABEL_NAME}$")
+# A selector value in Ray's forms: "v", "!v", "in(v1,v2)", "!in(v1,v2)".
+_LABEL_CONDITION = re.compile(rf"^!?(in\(\s*{_LABEL_NAME}(\s*,\s*{_LABEL_NAME})*\s*\)|{_LABEL_NAME})$")
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode).
+NUMA_BINDING_MODES: Tuple[str, ...] = ("node", "socket", "exclusive", "core-complex")
+_NODE_ID_PREFIX = re.compile(r"^[0-9a-fA-F]{8,}$")
+
+
+def split_outside_parentheses(text: str) -> List[str]:
+    """``"a=in(x,y),b=z"`` -> ``["a=in(x,y)", "b=z"]``: commas inside ``in(...)`` stay."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [part.strip() for part in parts + [current] if part.strip()]
+
+
+def check_label_selector(value: Any) -> Dict[str, str]:
+    """Ray's label selector: ``{"zone": "a", "pool": "!in(spot,preemptible)"}``
+    or the same as ``"zone=a,pool=!in(spot,preemptible)"``."""
+    if isinstance(value, str):
+        pairs = [part.partition("=") for part in split_outside_parentheses(value)]
+        bad = ["".join(pair) for pair in pairs if not pair[1] or not pair[0].strip()]
+        if bad:
+            raise ValueError(f"label_selector entry {bad[0]!r} is not KEY=VALUE (e.g. zone=a, zone=!a, zone=in(a,b))")
+        value = {key.strip(): condition.strip() for key, _, condition in pairs}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"label_selector must be a mapping such as {{'zone': 'a'}} or 'zone=a', not {_type_name(value)}")
+    for key, condition in value.items():
+        if not isinstance(key, str) or not _LABEL_KEY.match(key):
+            raise ValueError(f"label_selector key {key!r} is not a Ray label key (such as 'zone' or 'example.com/pool')")
+        if not isinstance(condition, str) or not _LABEL_CONDITION.match(condition.strip()):
+            raise ValueError(
+                f"label_selector[{key!r}]={condition!r} is not one of Ray's forms: "
+                "VALUE, !VALUE, in(V1,V2,...), !in(V1,V2,...)"
+            )
+    return {key: condition.strip() for key, condition in value.items()}
+
+
+def check_exclude_nodes(value: Any) -> Tuple[str, ...]:
+    """Nodes to leave out: Ray node ids (or their first 8+ characters) or IPs;
+    a comma-separated string or a collection."""
+    items = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        raise TypeError(f"exclude_nodes must be node ids or IPs such as ['10.0.0.5'], not {_type_name(value)}")
+    checked = []
+    for item in items:
+        if not isinstance(item, str) or not (_NODE_ID_PREFIX.match(item) or _is_ip(item)):
+            raise ValueError(
+                f"exclude_nodes entry {item!r} is neither a Ray node id (at least its first 8 "
+                "characters) nor an IP address"
+            )
+        checked.append(item.lower() if _NODE_ID_PREFIX.match(item) else item)
+    return tuple(dict.fromkeys(checked))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_node_range(value: Any) -> Union[int, Tuple[int, int]]:
+    """num_nodes: N, or (min, max) for an elastic number of whole nodes."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"num_nodes as a range is (min, max), got {value!r}")
+        _check_int("num_nodes min", value[0], 1)
+        _check_int("num_nodes max", value[1], 1)
+        if value[1] < value[0]:
+            raise ValueError(f"num_nodes=(min, max) needs min <= max, got {tuple(value)!r}")
+        return value[0] if value[0] == value[1] else (value[0], value[1])
+    _check_int("num_nodes", value, 1)
+    return int(value)
+
+
 # -- the command line's side of each option ----------------------------------
 #
 # A RunConfig field that ``raydist run`` exposes carries a ``CliFlag`` in its
@@ -313,6 +399,13 @@ class RunConfig:
         makes the group elastic: it starts with as many workers as fit (up to
         max) once min fit, and after a node loss or preemption restarts with
         the workers that fit then.
+    num_nodes: with ``workers_per_node``, torchrun's layout: exactly
+        ``workers_per_node`` ranks on each of ``num_nodes`` distinct nodes
+        (node g holds ranks g*P ... g*P+P-1; every rank sees
+        LOCAL_WORLD_SIZE=P); one placement-group bundle per node, STRICT_SPREAD
+        (``placement_strategy`` does not apply). ``(min, max)``: elastic in
+        whole nodes. Excludes ``num_workers``.
+    workers_per_node: the ranks on each node under ``num_nodes``.
     accelerator: "auto" (GPU if the cluster has GPUs, else NPU, else HPU, else
         CPU), or one of "gpu", "xpu", "npu", "hpu", "cpu".
     resources_per_worker: Ray resources per worker, added to or overriding
@@ -353,10 +446,30 @@ class RunConfig:
     preemption_signal: the signal ranks on a draining node get at once (their
         code reads the deadline with ``raydist.preemption_requested()``);
         None: no signal, only the deadline.
+    label_selector: Ray node labels the workers' nodes must match, in Ray's
+        forms (``{"zone": "a"}``, ``"!a"``, ``"in(a,b)"``, ``"!in(a,b)"``), or
+        the same as ``"zone=a,pool=!spot"``.
+    accelerator_type: only nodes with this accelerator type (Ray's
+        ``accelerator_type:TYPE`` resource), e.g. "H100".
+    exclude_nodes: nodes never to use: Ray node ids (or 8+ leading
+        characters) or IP addresses.
+    numa_binding: torchrun's ``--numa-binding`` mode (node, socket,
+        exclusive, core-complex), applied in each worker before the code runs.
+    virtual_local_rank: torchrun's ``--virtual-local-rank``: each worker sees
+        only its own device(s), and LOCAL_RANK=0.
+    role: torchrun's ``--role``: ROLE_NAME, and ``${role_name}`` in the log prefix.
+    monitor_interval: seconds between the driver's looks at node drains and
+        free room while a group runs.
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(
-        default=None, metadata=cli("--nproc-per-node", help="set by -n/--nproc-per-node and --nnodes", generated=False)
+        default=None, metadata=cli("--nproc-per-node", help="set by -n/--nproc-per-node", generated=False)
+    )
+    num_nodes: Union[None, int, Tuple[int, int]] = field(
+        default=None, metadata=cli("--nnodes", help="set by --nnodes", generated=False)
+    )
+    workers_per_node: Optional[int] = field(
+        default=None, metadata=cli("--nproc-per-node", help="set by -n/--nproc-per-node with --nnodes", generated=False)
     )
     accelerator: str = field(
         default="auto",
@@ -502,6 +615,64 @@ class RunConfig:
             "'none' for no signal (default: {default})",
         ),
     )
+    label_selector: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=cli(
+            "--label-selector", "--label_selector", metavar="KEY=VALUE[,...]",
+            help="run only on Ray nodes whose labels match, in Ray's forms: zone=a, zone=!a, "
+            "zone=in(a,b), zone=!in(a,b); several conditions separated by commas all apply",
+        ),
+    )
+    accelerator_type: Optional[str] = field(
+        default=None,
+        metadata=cli(
+            "--accelerator-type", "--accelerator_type", metavar="TYPE",
+            help="run only on nodes with this accelerator type, as Ray names it (H100, A100, L4, ...: "
+            "the node's accelerator_type:TYPE resource)",
+        ),
+    )
+    exclude_nodes: Tuple[str, ...] = field(
+        default=(),
+        metadata=cli(
+            "--exclude-nodes", "--exclude_nodes", metavar="NODE[,NODE...]",
+            help="never run on these nodes: Ray node ids (or their first 8+ characters) or IP addresses",
+        ),
+    )
+    numa_binding: Optional[str] = field(
+        default=None,
+        metadata=cli(
+            "--numa-binding", "--numa_binding", parse=str.lower, choices=NUMA_BINDING_MODES, metavar="MODE",
+            help="torchrun's NUMA binding: before the script starts, bind each worker's threads to the "
+            "CPUs near its GPU (torch.numa.binding's node, socket, exclusive or core-complex). Where "
+            "a node gives no topology to bind by (no CUDA GPU, no NUMA information), nothing is bound "
+            "and local rank 0 there prints one line saying why",
+        ),
+    )
+    virtual_local_rank: bool = field(
+        default=False,
+        metadata=cli(
+            "--virtual-local-rank", "--virtual_local_rank", action="store_true",
+            help="as torchrun: every worker sees only its own device(s) (CUDA_VISIBLE_DEVICES and the "
+            "like) and LOCAL_RANK=0, so its device is index 0",
+        ),
+    )
+    role: str = field(
+        default="default",
+        metadata=cli(
+            "--role", metavar="ROLE",
+            help="the workers' role name, as torchrun's: ROLE_NAME on every rank and ${{role_name}} "
+            "in TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (default: {default})",
+        ),
+    )
+    monitor_interval: float = field(
+        default=1.0,
+        metadata=cli(
+            "--monitor-interval", "--monitor_interval", parse=parse_seconds, metavar="SECONDS",
+            help="how often the driver looks at the cluster while the workers run (node drains, "
+            "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
+            "(default {default:g})",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._check_num_workers()
@@ -536,9 +707,44 @@ class RunConfig:
         self._set("local_ranks_filter", parse_local_ranks("local_ranks_filter", self.local_ranks_filter))
         _check_bool("restart_to_grow", self.restart_to_grow)
         if self.restart_to_grow and not self.elastic:
-            raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
+            raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max) or num_nodes=(min, max)")
         if self.preemption_signal is not None:
             self._set("preemption_signal", _check_signal(self.preemption_signal))
+        self._check_placement_options()
+        if self.numa_binding is not None:
+            self._set("numa_binding", _check_choice("numa_binding", self.numa_binding, NUMA_BINDING_MODES))
+        _check_bool("virtual_local_rank", self.virtual_local_rank)
+        if not isinstance(self.role, str) or not self.role.strip():
+            raise TypeError(f"role must be a non-empty name, not {self.role!r}")
+        self._set("monitor_interval", check_seconds("monitor_interval", self.monitor_interval))
+
+    def _check_placement_options(self) -> None:
+        """num_nodes x workers_per_node, and which nodes may be used."""
+        if self.num_nodes is not None:
+            if self.num_workers is not None:
+                raise ValueError(
+                    "num_workers and num_nodes exclude each other: with num_nodes the world is "
+                    "num_nodes x workers_per_node"
+                )
+            self._set("num_nodes", _check_node_range(self.num_nodes))
+            if self.workers_per_node is None:
+                raise ValueError("num_nodes needs workers_per_node (the workers on each node)")
+        if self.workers_per_node is not None:
+            _check_int("workers_per_node", self.workers_per_node, 1)
+            if self.num_nodes is None:
+                raise ValueError("workers_per_node needs num_nodes (how many nodes get that many workers)")
+        self._set("label_selector", check_label_selector({} if self.label_selector is None else self.label_selector))
+        if self.accelerator_type is not None:
+            if not isinstance(self.accelerator_type, str) or not self.accelerator_type.strip() or any(
+                char.isspace() for char in self.accelerator_type.strip()
+            ):
+                raise ValueError(f"accelerator_type must be a type name such as 'H100', got {self.accelerator_type!r}")
+            if self.accelerator == "cpu":
+                raise ValueError("accelerator_type names a device type but accelerator='cpu'")
+            self._set("accelerator_type", self.accelerator_type.strip())
+        self._set("exclude_nodes", check_exclude_nodes(self.exclude_nodes or ()))
+        if self.exclude_nodes and NODE_ID_LABEL in self.label_selector:
+            raise ValueError(f"label_selector names {NODE_ID_LABEL!r} and exclude_nodes is set: use one of them")
 
     def _check_num_workers(self) -> None:
         value = self.num_workers
@@ -556,11 +762,22 @@ class RunConfig:
 
     @property
     def elastic(self) -> bool:
-        return isinstance(self.num_workers, tuple)
+        return isinstance(self.num_workers, tuple) or isinstance(self.num_nodes, tuple)
+
+    @property
+    def node_range(self) -> Optional[Tuple[int, int]]:
+        """(min, max) nodes of ``workers_per_node`` each; None without ``num_nodes``."""
+        if self.num_nodes is None:
+            return None
+        return self.num_nodes if isinstance(self.num_nodes, tuple) else (self.num_nodes, self.num_nodes)
 
     @property
     def worker_range(self) -> Optional[Tuple[int, int]]:
         """(min, max) workers; None when the size comes from the cluster."""
+        nodes = self.node_range
+        if nodes is not None:
+            per_node = self.workers_per_node or 1
+            return nodes[0] * per_node, nodes[1] * per_node
         if self.num_workers is None:
             return None
         return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
@@ -650,5 +867,5 @@ def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[An
 
 __all__ = [
     "RunConfig", "OPTION_NAMES", "CliFlag", "cli_options", "PLACEMENT_STRATEGIES",
-    "make_config", "check_call", "parse_std", "parse_local_ranks",
+    "make_config", "check_call", "parse_std", "parse_local_ranks", "NUMA_BINDING_MODES",
 ]
