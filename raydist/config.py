@@ -271,7 +271,8 @@ def check_label_selector(value: Any) -> Dict[str, str]:
                 f"label_selector[{key!r}]={condition!r} is not one of Ray's forms: "
                 "VALUE, !VALUE, in(V1,V2,...), !in(V1,V2,...)"
             )
-    return {key: condition.strip() for key, condition in value.items()}
+    # Ray's placement takes "in(a,b)" but never places a bundle whose selector reads "in(a, b)".
+    return {key: re.sub(r"\s+", "", condition) for key, condition in value.items()}
 
 
 def check_exclude_nodes(value: Any) -> Tuple[str, ...]:
