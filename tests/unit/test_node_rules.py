@@ -119,7 +119,7 @@ def test_without_num_nodes_the_request_packs_as_before() -> None:
     request = placement_request(RunConfig(num_workers=5), {"CPU": 1.0}, (5, 5))
     assert (request.node_layout, request.per_bundle, request.strategy) == (False, 1, "PACK")
     assert request.infeasibility(THREE) is None
-    reason = placement_request(RunConfig(num_workers=5, label_selector="zone=b"), {"CPU": 1.0}, (5, 5)).infeasibility(THREE)
+    reason = placement_request(RunConfig(num_workers=5, label_selector="zone=b"), {"CPU": 1.0}, (5, 5)).infeasibility(THREE)  # type: ignore[arg-type]
     assert reason is not None and "at most 4 such workers fit" in reason and "1 of 3 node(s) match label_selector {zone: b}" in reason
 
 
@@ -184,8 +184,8 @@ def test_bad_layout_and_selection_options_are_named(options: Dict[str, object], 
 
 
 def test_layout_options_normalise() -> None:
-    config = RunConfig(num_nodes=(2, 2), workers_per_node=3, label_selector="zone=in( a , b ),pool=!spot",
-                       exclude_nodes="10.0.0.5, ABCDEF0123", numa_binding="Core-Complex")
+    config = RunConfig(num_nodes=(2, 2), workers_per_node=3, label_selector="zone=in( a , b ),pool=!spot",  # type: ignore[arg-type]
+                       exclude_nodes="10.0.0.5, ABCDEF0123", numa_binding="Core-Complex")  # type: ignore[arg-type]
     assert (config.num_nodes, config.worker_range, config.elastic) == (2, (6, 6), False)
     assert config.label_selector == {"zone": "in(a,b)", "pool": "!spot"}
     assert config.exclude_nodes == ("10.0.0.5", "abcdef0123")
