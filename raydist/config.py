@@ -514,7 +514,7 @@ class RunConfig:
             "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
             metavar="STRATEGY",
             help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-            "(default: {default}, or SPREAD with --nnodes above 1)",
+            "(default: {default}); not with --nnodes, which places one bundle per node (STRICT_SPREAD)",
         ),
     )
     timeout: Optional[float] = field(
