@@ -730,6 +730,11 @@ class RunConfig:
             self._set("num_nodes", _check_node_range(self.num_nodes))
             if self.workers_per_node is None:
                 raise ValueError("num_nodes needs workers_per_node (the workers on each node)")
+            if self.placement_strategy != "PACK":  # the default cannot be told from a choice; any other is one
+                raise ValueError(
+                    f"placement_strategy={self.placement_strategy!r} does not apply with num_nodes, which places "
+                    "one bundle per node on distinct nodes (STRICT_SPREAD)"
+                )
         if self.workers_per_node is not None:
             _check_int("workers_per_node", self.workers_per_node, 1)
             if self.num_nodes is None:

@@ -169,6 +169,7 @@ def test_virtual_local_rank_shows_each_worker_only_its_own_device() -> None:
         ({"num_nodes": 2, "workers_per_node": 2, "num_workers": 4}, "exclude each other"),
         ({"num_nodes": (3, 2), "workers_per_node": 1}, "min <= max"),
         ({"num_nodes": 0, "workers_per_node": 1}, "num_nodes must be >= 1"),
+        ({"num_nodes": 2, "workers_per_node": 1, "placement_strategy": "SPREAD"}, "does not apply with num_nodes"),
         ({"label_selector": {"zone": "in()"}}, "Ray's forms"),
         ({"label_selector": {"bad key!": "a"}}, "not a Ray label key"),
         ({"exclude_nodes": ["node-7"]}, "neither a Ray node id"),
