@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from raydist.config import NODE_ID_LABEL
 from raydist.core.accelerators import AUTO_ORDER, BY_NAME, CPU, Accelerator
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.text import fmt_resources, per_node_text
@@ -20,7 +21,6 @@ from raydist.pool.rules.text import fmt_resources, per_node_text
 if TYPE_CHECKING:
     from raydist.config import RunConfig
 
-NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node
 ACCELERATOR_TYPE_RESOURCE = "accelerator_type:"  # Ray's resource per accelerator type: accelerator_type:H100
 # What each worker asks of its accelerator type's resource (Ray's own remote(accelerator_type=) amount).
 ACCELERATOR_TYPE_AMOUNT = 0.001
