@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -106,6 +107,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     _add_cli_only_arguments(run)
     _add_config_arguments(run)
+    _add_refused_arguments(run)
     run.add_argument(
         "target", metavar="script",
         help="the training script's path (relative to the working directory), or the module "
@@ -116,6 +118,61 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="arguments for the script, passed through untouched",
     )
     return parser, run
+
+
+# Every flag of `torchrun --help` (torch 2.13), by its first spelling: honoured
+# (and by what) or refused (and why). A refused flag makes `raydist run` exit 2
+# with its reason; a test reads `torchrun --help` and fails on a flag missing here.
+HONOURED, REFUSED = "honoured", "refused"
+TORCHRUN_FLAGS: Dict[str, Tuple[str, str]] = {
+    "--nnodes": (HONOURED, "RunConfig.num_nodes: exactly --nproc-per-node ranks on each of N nodes; MIN:MAX elastic in whole nodes"),
+    "--nproc-per-node": (HONOURED, "-n: workers per node (RunConfig.workers_per_node with --nnodes, else num_workers)"),
+    "--standalone": (HONOURED, "a private local Ray for this run"),
+    "--max-restarts": (HONOURED, "RunConfig.max_restarts"),
+    "--monitor-interval": (HONOURED, "RunConfig.monitor_interval: how often the driver looks at node drains and room to grow"),
+    "--role": (HONOURED, "RunConfig.role: ROLE_NAME and ${role_name} in the log line prefix"),
+    "--module": (HONOURED, "-m: run a module like python -m"),
+    "--no-python": (HONOURED, "run the target as an executable (a child of each worker, with the rank's environment)"),
+    "--run-path": (HONOURED, "runpy.run_path in the worker's interpreter: what raydist always does for a script; wins over --no-python"),
+    "--log-dir": (HONOURED, "RunConfig.log_dir"),
+    "--redirects": (HONOURED, "RunConfig.redirects"),
+    "--tee": (HONOURED, "RunConfig.tee"),
+    "--local-ranks-filter": (HONOURED, "RunConfig.local_ranks_filter"),
+    "--numa-binding": (HONOURED, "RunConfig.numa_binding, applied in each worker before the script"),
+    "--virtual-local-rank": (HONOURED, "RunConfig.virtual_local_rank"),
+    "--signals-to-handle": (HONOURED, "RunConfig.signals_to_handle"),
+    "--shutdown-timeout": (HONOURED, "RunConfig.shutdown_timeout"),
+    "--rdzv-backend": (REFUSED, "Ray is the rendezvous: raydist places the ranks and picks MASTER_ADDR/MASTER_PORT"),
+    "--rdzv-endpoint": (REFUSED, "Ray is the rendezvous: give the Ray cluster with --address"),
+    "--rdzv-id": (REFUSED, "Ray is the rendezvous: each run gets its own id (TORCHELASTIC_RUN_ID)"),
+    "--rdzv-conf": (REFUSED, "Ray is the rendezvous: there is no rendezvous backend to configure"),
+    "--start-method": (REFUSED, "workers are Ray actor processes, not multiprocessing children"),
+    "--event-log-handler": (REFUSED, "raydist emits no torchelastic events; it logs restarts on the driver"),
+    "--duplicate-stdout-filters": (REFUSED, "not supported: grep the per-rank files of --log-dir instead"),
+    "--duplicate-stderr-filters": (REFUSED, "not supported: grep the per-rank files of --log-dir instead"),
+    "--node-rank": (REFUSED, "one raydist run starts every node; node ranks follow where Ray placed the workers"),
+    "--master-addr": (REFUSED, "MASTER_ADDR is rank 0's node, wherever Ray placed it"),
+    "--master-port": (REFUSED, "MASTER_PORT is a free port raydist finds on rank 0's node"),
+    "--local-addr": (REFUSED, "each worker's address is its Ray node's IP"),
+    "--logs-specs": (REFUSED, "torchrun's LogsSpecs plugins are not loaded; --log-dir is laid out as torchrun's default"),
+}
+# torchrun's two spellings of each refused flag (all of them take a value).
+_REFUSED_SPELLINGS: Dict[str, Tuple[str, ...]] = {
+    flag: (flag, "--" + flag[2:].replace("-", "_")) for flag, (kind, _) in TORCHRUN_FLAGS.items() if kind == REFUSED
+}
+
+
+class _Refused(argparse.Action):
+    """A torchrun flag raydist does not take: a usage error with the reason."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Optional[str] = None) -> None:
+        raise argparse.ArgumentError(self, f"torchrun's {self.option_strings[0]} is refused: {self.help}")
+
+
+def _add_refused_arguments(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group("torchrun flags raydist refuses (each exits 2 with its reason)")
+    for flag, spellings in _REFUSED_SPELLINGS.items():
+        group.add_argument(*spellings, action=_Refused, metavar="VALUE", help=TORCHRUN_FLAGS[flag][1], dest=argparse.SUPPRESS)
 
 
 def _add_cli_only_arguments(run: argparse.ArgumentParser) -> None:
@@ -129,14 +186,23 @@ def _add_cli_only_arguments(run: argparse.ArgumentParser) -> None:
         "per device of the kind the cluster has (one per CPU slot when it has none)",
     )
     run.add_argument(
-        "--nnodes", type=_nnodes, default=(1, 1), metavar="N|MIN:MAX",
-        help="number of nodes: starts N x nproc-per-node workers and places them with the SPREAD "
-        "strategy (unless --placement-strategy says otherwise), which spreads them over the "
-        "cluster's nodes as evenly as Ray can; Ray does not guarantee exactly nproc-per-node "
-        "on each of N nodes, and ranks are assigned from where the workers land "
-        "(LOCAL_RANK, GROUP_RANK and LOCAL_WORLD_SIZE tell the truth). MIN:MAX, as torchrun "
-        "takes it, makes the run elastic: between MIN and MAX x nproc-per-node workers, as many "
-        "as fit, and after a node is lost or preempted the run restarts with the workers that fit",
+        "--nnodes", type=_nnodes, default=None, metavar="N|MIN:MAX",
+        help="torchrun's layout: exactly nproc-per-node workers on each of N distinct nodes (one "
+        "placement-group bundle per node, STRICT_SPREAD); node g (GROUP_RANK g) holds ranks g*P to "
+        "g*P+P-1 and LOCAL_WORLD_SIZE=P. Fails at once, naming the nodes, when fewer than N nodes can "
+        "each hold P. MIN:MAX, as torchrun takes it, is elastic in whole nodes: as many nodes as can "
+        "hold P (up to MAX) once MIN can, and after a node is lost or preempted the run restarts "
+        "on the whole nodes there are. Without --nnodes, the workers go wherever they fit",
+    )
+    run.add_argument(
+        "--no-python", "--no_python", action="store_true",
+        help="run the target as an executable instead of a Python script: each worker starts it as "
+        "a child process with its rank's environment (torchrun's --no-python); its exit status is the rank's",
+    )
+    run.add_argument(
+        "--run-path", "--run_path", action="store_true",
+        help="run the script with runpy.run_path in the worker's interpreter, which raydist always "
+        "does for a script (torchrun's --run-path); it wins over --no-python, as under torchrun",
     )
     run.add_argument(
         "-m", "--module", action="store_true",
@@ -203,16 +269,21 @@ class RunPlan:
     target_as_typed: str
     module: bool
     script_args: Tuple[str, ...]
-    nnodes: int
     standalone: bool
     config: RunConfig
+    executable: bool = False  # --no-python: the target is a program, not a Python script
 
 
 def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan:
     """Validate everything that can be checked without Ray; CliError(status 2) if wrong."""
+    executable = options.no_python and not options.run_path  # torchrun: --run-path wins
+    if executable and options.module:
+        raise CliError("--no-python and -m/--module exclude each other (as under torchrun)", EXIT_USAGE)
     if options.module:
         _check_module(options.target)
         target = options.target
+    elif executable:
+        target = _check_executable(options.target)
     else:
         target = _check_script(options.target)
     if options.standalone and options.address:
@@ -228,9 +299,9 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         target_as_typed=options.target,
         module=options.module,
         script_args=tuple(script_args),
-        nnodes=options.nnodes[0],
         standalone=options.standalone,
         config=config,
+        executable=executable,
     )
 
 
@@ -260,21 +331,27 @@ def _from_cli_only_flags(options: argparse.Namespace) -> Dict[str, Any]:
         if accelerator not in (None, "auto", kind):
             raise CliError(f"--nproc-per-node {kind} contradicts --accelerator {accelerator}", EXIT_USAGE)
         accelerator = kind
-    min_nodes, max_nodes = options.nnodes
-    if min_nodes < 1 or max_nodes < min_nodes:
-        raise CliError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {min_nodes}:{max_nodes}", EXIT_USAGE)
-    if max_nodes > 1 and per_node is None:
-        raise CliError(f"--nproc-per-node {kind} counts the whole cluster; give a number with --nnodes", EXIT_USAGE)
     if per_node is not None and per_node < 1:  # named per node, as typed
         raise CliError(f"--nproc-per-node must be >= 1, got {per_node}", EXIT_USAGE)
     derived: Dict[str, Any] = {}
-    if per_node is not None:
-        low, high = per_node * min_nodes, per_node * max_nodes
-        derived["num_workers"] = low if low == high else (low, high)
     if accelerator is not None:
         derived["accelerator"] = accelerator
-    if options.placement_strategy is None and max_nodes > 1:
-        derived["placement_strategy"] = "SPREAD"
+    if options.nnodes is None:  # no layout promised: the workers go wherever they fit
+        if per_node is not None:
+            derived["num_workers"] = per_node
+        return derived
+    min_nodes, max_nodes = options.nnodes
+    if min_nodes < 1 or max_nodes < min_nodes:
+        raise CliError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {min_nodes}:{max_nodes}", EXIT_USAGE)
+    if per_node is None:
+        raise CliError(f"--nproc-per-node {kind} counts the whole cluster; give a number with --nnodes", EXIT_USAGE)
+    if options.placement_strategy is not None:
+        raise CliError(
+            "--nnodes places one bundle per node on distinct nodes (STRICT_SPREAD); "
+            "--placement-strategy applies only without --nnodes", EXIT_USAGE,
+        )
+    derived["num_nodes"] = min_nodes if min_nodes == max_nodes else (min_nodes, max_nodes)
+    derived["workers_per_node"] = per_node
     return derived
 
 
@@ -293,6 +370,17 @@ def _check_script(path: str) -> str:
     if not os.path.isfile(path):
         raise CliError(f"script {path!r} not found (no file at {os.path.join(os.getcwd(), path)})", EXIT_USAGE)
     return os.path.abspath(path)
+
+
+def _check_executable(target: str) -> str:
+    """--no-python's program: a file here (absolute path) or a command on PATH (found again on each worker)."""
+    if os.path.isfile(target):
+        if not os.access(target, os.X_OK):
+            raise CliError(f"{target!r} is not executable (--no-python runs it as a program)", EXIT_USAGE)
+        return os.path.abspath(target)
+    if os.sep not in target and shutil.which(target):
+        return target
+    raise CliError(f"program {target!r} not found (no such file, and not on PATH)", EXIT_USAGE)
 
 
 def _check_module(name: str) -> None:
@@ -314,19 +402,6 @@ def _check_module(name: str) -> None:
         raise CliError(f"module {name!r} not found (searched the working directory and sys.path)", EXIT_USAGE)
 
 
-def _warn_if_too_few_nodes(nnodes: int) -> None:
-    import ray
-
-    alive = sum(1 for node in ray.nodes() if node["Alive"])
-    if alive < nnodes:
-        print(
-            f"raydist run: warning: --nnodes {nnodes} but the cluster has {alive} node(s); "
-            "workers are spread over the nodes there are",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def failure_status(failures: Sequence[Any]) -> int:
     """The status python would exit with when every failing rank called
     ``sys.exit(n)`` (n modulo 256: -1 gives 255); else 1 (a rank raised or died)."""
@@ -346,16 +421,17 @@ def execute(plan: RunPlan) -> int:
     from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
     from raydist.pool.cluster.connect import connect
     from raydist.pool.cluster.ray_private import shutdown_ray
-    from raydist.pool.worker.script import run_script
+    from raydist.pool.worker.script import run_executable, run_script
 
     name = plan.target_as_typed
     connected_here = False
     try:
         connected_here = connect(plan.config.address, startup_timeout=plan.config.startup_timeout, standalone=plan.standalone)
-        if plan.nnodes > 1:
-            _warn_if_too_few_nodes(plan.nnodes)
         # The group returns (or raises) once the ranks' output has reached this process.
-        run(run_script, args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed), config=plan.config)
+        if plan.executable:
+            run(run_executable, args=(plan.target, list(plan.script_args)), config=plan.config)
+        else:
+            run(run_script, args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed), config=plan.config)
         return 0
     except WorkerGroupError as error:
         print(f"raydist run: {name} failed: {error}", file=sys.stderr, flush=True)

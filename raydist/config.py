@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import ipaddress
 import json
 import math
 import os
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from raydist.core.accelerators import (
     ACCELERATOR_CHOICES,
@@ -227,6 +228,92 @@ def check_log_dir(value: Any) -> str:
     return path
 
 
+# Ray's label syntax (Kubernetes'): a name, an optional DNS-subdomain prefix for keys.
+_LABEL_NAME = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+_LABEL_KEY = re.compile(rf"^({_LABEL_NAME}(\.{_LABEL_NAME})*/)?{_LABEL_NAME}$")
+# A selector value in Ray's forms: "v", "!v", "in(v1,v2)", "!in(v1,v2)".
+_LABEL_CONDITION = re.compile(rf"^!?(in\(\s*{_LABEL_NAME}(\s*,\s*{_LABEL_NAME})*\s*\)|{_LABEL_NAME})$")
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode).
+NUMA_BINDING_MODES: Tuple[str, ...] = ("node", "socket", "exclusive", "core-complex")
+_NODE_ID_PREFIX = re.compile(r"^[0-9a-fA-F]{8,}$")
+
+
+def split_outside_parentheses(text: str) -> List[str]:
+    """``"a=in(x,y),b=z"`` -> ``["a=in(x,y)", "b=z"]``: commas inside ``in(...)`` stay."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [part.strip() for part in parts + [current] if part.strip()]
+
+
+def check_label_selector(value: Any) -> Dict[str, str]:
+    """Ray's label selector: ``{"zone": "a", "pool": "!in(spot,preemptible)"}``
+    or the same as ``"zone=a,pool=!in(spot,preemptible)"``."""
+    if isinstance(value, str):
+        pairs = [part.partition("=") for part in split_outside_parentheses(value)]
+        bad = ["".join(pair) for pair in pairs if not pair[1] or not pair[0].strip()]
+        if bad:
+            raise ValueError(f"label_selector entry {bad[0]!r} is not KEY=VALUE (e.g. zone=a, zone=!a, zone=in(a,b))")
+        value = {key.strip(): condition.strip() for key, _, condition in pairs}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"label_selector must be a mapping such as {{'zone': 'a'}} or 'zone=a', not {_type_name(value)}")
+    for key, condition in value.items():
+        if not isinstance(key, str) or not _LABEL_KEY.match(key):
+            raise ValueError(f"label_selector key {key!r} is not a Ray label key (such as 'zone' or 'example.com/pool')")
+        if not isinstance(condition, str) or not _LABEL_CONDITION.match(condition.strip()):
+            raise ValueError(
+                f"label_selector[{key!r}]={condition!r} is not one of Ray's forms: "
+                "VALUE, !VALUE, in(V1,V2,...), !in(V1,V2,...)"
+            )
+    # Ray's placement takes "in(a,b)" but never places a bundle whose selector reads "in(a, b)".
+    return {key: re.sub(r"\s+", "", condition) for key, condition in value.items()}
+
+
+def check_exclude_nodes(value: Any) -> Tuple[str, ...]:
+    """Nodes to leave out: Ray node ids (or their first 8+ characters) or IPs;
+    a comma-separated string or a collection."""
+    items = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        raise TypeError(f"exclude_nodes must be node ids or IPs such as ['10.0.0.5'], not {_type_name(value)}")
+    checked = []
+    for item in items:
+        if not isinstance(item, str) or not (_NODE_ID_PREFIX.match(item) or _is_ip(item)):
+            raise ValueError(
+                f"exclude_nodes entry {item!r} is neither a Ray node id (at least its first 8 "
+                "characters) nor an IP address"
+            )
+        checked.append(item.lower() if _NODE_ID_PREFIX.match(item) else item)
+    return tuple(dict.fromkeys(checked))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_node_range(value: Any) -> Union[int, Tuple[int, int]]:
+    """num_nodes: N, or (min, max) for an elastic number of whole nodes."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"num_nodes as a range is (min, max), got {value!r}")
+        _check_int("num_nodes min", value[0], 1)
+        _check_int("num_nodes max", value[1], 1)
+        if value[1] < value[0]:
+            raise ValueError(f"num_nodes=(min, max) needs min <= max, got {tuple(value)!r}")
+        return value[0] if value[0] == value[1] else (value[0], value[1])
+    _check_int("num_nodes", value, 1)
+    return int(value)
+
+
 # -- the command line's side of each option ----------------------------------
 #
 # A RunConfig field that ``raydist run`` exposes carries a ``CliFlag`` in its
@@ -306,13 +393,13 @@ def _signal_or_none(value: str) -> Optional[str]:
 
 # The CLI flag of each option (see cli()); kept beside the class so that the
 # option table reads one line per option.
-_NUM_WORKERS_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node and --nnodes", generated=False)
-
+_NUM_WORKERS_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node", generated=False)
+_NUM_NODES_FLAG = cli("--nnodes", help="set by --nnodes", generated=False)
+_WORKERS_PER_NODE_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node with --nnodes", generated=False)
 _ACCELERATOR_FLAG = cli(
         "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
         help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
     )
-
 _RESOURCES_PER_WORKER_FLAG = cli(
         "--resources-per-worker", parse=parse_resources, metavar="JSON",
         help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
@@ -320,7 +407,6 @@ _RESOURCES_PER_WORKER_FLAG = cli(
         'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
         "plus 1 device",
     )
-
 _BACKEND_FLAG = cli(
         "--backend", metavar="NAME",
         help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
@@ -329,40 +415,34 @@ _BACKEND_FLAG = cli(
         "direct dist.init_process_group() call would fail). Default: leave initialization to the "
         "script, as torchrun does",
     )
-
 _ENV_FLAG = cli(
         "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
         help="set an environment variable on every worker (repeatable); workers on a "
         "remote cluster do not inherit this shell's environment",
     )
-
 _PLACEMENT_STRATEGY_FLAG = cli(
         "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
         metavar="STRATEGY",
         help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-        "(default: {default}, or SPREAD with --nnodes above 1)",
+        "(default: {default}); not with --nnodes, which places one bundle per node (STRICT_SPREAD)",
     )
-
 _TIMEOUT_FLAG = cli(
         "--timeout", parse=parse_seconds, metavar="SECONDS",
         help="stop the run and fail if the script has not finished on every rank after "
         "this many seconds (default: no limit)",
     )
-
 _STARTUP_TIMEOUT_FLAG = cli(
         "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
         help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
         "provide the workers, and for them to initialise (default {default:g}); a request the "
         "cluster can never meet fails at once",
     )
-
 _MAX_RESTARTS_FLAG = cli(
         "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
         help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
         "group on fresh workers and rerun the script, up to K times, as torchrun does "
         "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
     )
-
 _ADDRESS_FLAG = cli(
         "--address", metavar="ADDRESS",
         help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
@@ -370,51 +450,81 @@ _ADDRESS_FLAG = cli(
         "inside `ray job submit`), else the cluster started with `ray start` on this "
         "machine, else a private local Ray (no dashboard) that stops when the run ends",
     )
-
 _PG_TIMEOUT_FLAG = cli(
         "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
         help="how long a collective may wait before the process group fails it (torch's "
         "init_process_group timeout); applies with --backend, where raydist initialises the group",
     )
-
 _LOG_DIR_FLAG = cli(
         "--log-dir", "--log_dir", metavar="DIR",
         help="directory for per-rank log files, laid out as torchrun does: "
         "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
         "restart. Written on this machine (the driver's), for every rank on every node",
     )
-
 _REDIRECTS_FLAG = cli(
         "-r", "--redirects", metavar="CODES",
         help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
         "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
         "the files go to a new temporary directory (default {default})",
     )
-
 _TEE_FLAG = cli(
         "-t", "--tee", metavar="CODES",
         help="send streams to the log files and the console (codes as for --redirects; default {default})",
     )
-
 _LOCAL_RANKS_FILTER_FLAG = cli(
         "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
         help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
         "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
         "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
     )
-
 _RESTART_TO_GROW_FLAG = cli(
         "--restart-to-grow", action="store_true",
         help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
         "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
         "on a membership change (not counted against --max-restarts)",
     )
-
 _PREEMPTION_SIGNAL_FLAG = cli(
         "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
         help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
         "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
         "'none' for no signal (default: {default})",
+    )
+_LABEL_SELECTOR_FLAG = cli(
+        "--label-selector", "--label_selector", metavar="KEY=VALUE[,...]",
+        help="run only on Ray nodes whose labels match, in Ray's forms: zone=a, zone=!a, "
+        "zone=in(a,b), zone=!in(a,b); several conditions separated by commas all apply",
+    )
+_ACCELERATOR_TYPE_FLAG = cli(
+        "--accelerator-type", "--accelerator_type", metavar="TYPE",
+        help="run only on nodes with this accelerator type, as Ray names it (H100, A100, L4, ...: "
+        "the node's accelerator_type:TYPE resource)",
+    )
+_EXCLUDE_NODES_FLAG = cli(
+        "--exclude-nodes", "--exclude_nodes", metavar="NODE[,NODE...]",
+        help="never run on these nodes: Ray node ids (or their first 8+ characters) or IP addresses",
+    )
+_NUMA_BINDING_FLAG = cli(
+        "--numa-binding", "--numa_binding", parse=str.lower, choices=NUMA_BINDING_MODES, metavar="MODE",
+        help="torchrun's NUMA binding: before the script starts, bind each worker's threads to the "
+        "CPUs near its GPU (torch.numa.binding's node, socket, exclusive or core-complex). Where "
+        "a node gives no topology to bind by (no CUDA GPU, no NUMA information), nothing is bound "
+        "and local rank 0 there prints one line saying why",
+    )
+_VIRTUAL_LOCAL_RANK_FLAG = cli(
+        "--virtual-local-rank", "--virtual_local_rank", action="store_true",
+        help="as torchrun: every worker sees only its own device(s) (CUDA_VISIBLE_DEVICES and the "
+        "like) and LOCAL_RANK=0, so its device is index 0",
+    )
+_ROLE_FLAG = cli(
+        "--role", metavar="ROLE",
+        help="the workers' role name, as torchrun's: ROLE_NAME on every rank and ${{role_name}} "
+        "in TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (default: {default})",
+    )
+_MONITOR_INTERVAL_FLAG = cli(
+        "--monitor-interval", "--monitor_interval", parse=parse_seconds, metavar="SECONDS",
+        help="how often the driver looks at the cluster while the workers run (node drains, "
+        "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
+        "(default {default:g})",
     )
 
 
@@ -427,6 +537,13 @@ class RunConfig:
         makes the group elastic: it starts with as many workers as fit (up to
         max) once min fit, and after a node loss or preemption restarts with
         the workers that fit then.
+    num_nodes: with ``workers_per_node``, torchrun's layout: exactly
+        ``workers_per_node`` ranks on each of ``num_nodes`` distinct nodes
+        (node g holds ranks g*P ... g*P+P-1; every rank sees
+        LOCAL_WORLD_SIZE=P); one placement-group bundle per node, STRICT_SPREAD
+        (``placement_strategy`` does not apply). ``(min, max)``: elastic in
+        whole nodes. Excludes ``num_workers``.
+    workers_per_node: the ranks on each node under ``num_nodes``.
     accelerator: "auto" (GPU if the cluster has GPUs, else NPU, else HPU, else
         CPU), or one of "gpu", "xpu", "npu", "hpu", "cpu".
     resources_per_worker: Ray resources per worker, added to or overriding
@@ -467,9 +584,25 @@ class RunConfig:
     preemption_signal: the signal ranks on a draining node get at once (their
         code reads the deadline with ``raydist.preemption_requested()``);
         None: no signal, only the deadline.
+    label_selector: Ray node labels the workers' nodes must match, in Ray's
+        forms (``{"zone": "a"}``, ``"!a"``, ``"in(a,b)"``, ``"!in(a,b)"``), or
+        the same as ``"zone=a,pool=!spot"``.
+    accelerator_type: only nodes with this accelerator type (Ray's
+        ``accelerator_type:TYPE`` resource), e.g. "H100".
+    exclude_nodes: nodes never to use: Ray node ids (or 8+ leading
+        characters) or IP addresses.
+    numa_binding: torchrun's ``--numa-binding`` mode (node, socket,
+        exclusive, core-complex), applied in each worker before the code runs.
+    virtual_local_rank: torchrun's ``--virtual-local-rank``: each worker sees
+        only its own device(s), and LOCAL_RANK=0.
+    role: torchrun's ``--role``: ROLE_NAME, and ``${role_name}`` in the log prefix.
+    monitor_interval: seconds between the driver's looks at node drains and
+        free room while a group runs.
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
+    num_nodes: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_NODES_FLAG)
+    workers_per_node: Optional[int] = field(default=None, metadata=_WORKERS_PER_NODE_FLAG)
     accelerator: str = field(default="auto", metadata=_ACCELERATOR_FLAG)
     resources_per_worker: Mapping[str, float] = field(default_factory=dict, metadata=_RESOURCES_PER_WORKER_FLAG)
     backend: Optional[str] = field(default=None, metadata=_BACKEND_FLAG)
@@ -489,6 +622,13 @@ class RunConfig:
     local_ranks_filter: Optional[Tuple[int, ...]] = field(default=None, metadata=_LOCAL_RANKS_FILTER_FLAG)
     restart_to_grow: bool = field(default=False, metadata=_RESTART_TO_GROW_FLAG)
     preemption_signal: Optional[str] = field(default="SIGTERM", metadata=_PREEMPTION_SIGNAL_FLAG)
+    label_selector: Mapping[str, str] = field(default_factory=dict, metadata=_LABEL_SELECTOR_FLAG)
+    accelerator_type: Optional[str] = field(default=None, metadata=_ACCELERATOR_TYPE_FLAG)
+    exclude_nodes: Tuple[str, ...] = field(default=(), metadata=_EXCLUDE_NODES_FLAG)
+    numa_binding: Optional[str] = field(default=None, metadata=_NUMA_BINDING_FLAG)
+    virtual_local_rank: bool = field(default=False, metadata=_VIRTUAL_LOCAL_RANK_FLAG)
+    role: str = field(default="default", metadata=_ROLE_FLAG)
+    monitor_interval: float = field(default=1.0, metadata=_MONITOR_INTERVAL_FLAG)
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -496,11 +636,22 @@ class RunConfig:
 
     @property
     def elastic(self) -> bool:
-        return isinstance(self.num_workers, tuple)
+        return isinstance(self.num_workers, tuple) or isinstance(self.num_nodes, tuple)
+
+    @property
+    def node_range(self) -> Optional[Tuple[int, int]]:
+        """(min, max) nodes of ``workers_per_node`` each; None without ``num_nodes``."""
+        if self.num_nodes is None:
+            return None
+        return self.num_nodes if isinstance(self.num_nodes, tuple) else (self.num_nodes, self.num_nodes)
 
     @property
     def worker_range(self) -> Optional[Tuple[int, int]]:
         """(min, max) workers; None when the size comes from the cluster."""
+        nodes = self.node_range
+        if nodes is not None:
+            per_node = self.workers_per_node or 1
+            return nodes[0] * per_node, nodes[1] * per_node
         if self.num_workers is None:
             return None
         return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
@@ -556,9 +707,50 @@ def _check_combinations(config: RunConfig) -> None:
     _set(config, "local_ranks_filter", parse_local_ranks("local_ranks_filter", config.local_ranks_filter))
     _check_bool("restart_to_grow", config.restart_to_grow)
     if config.restart_to_grow and not config.elastic:
-        raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
+        raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max) or num_nodes=(min, max)")
     if config.preemption_signal is not None:
         _set(config, "preemption_signal", _check_signal(config.preemption_signal))
+    _check_placement_options(config)
+    if config.numa_binding is not None:
+        _set(config, "numa_binding", _check_choice("numa_binding", config.numa_binding, NUMA_BINDING_MODES))
+    _check_bool("virtual_local_rank", config.virtual_local_rank)
+    if not isinstance(config.role, str) or not config.role.strip():
+        raise TypeError(f"role must be a non-empty name, not {config.role!r}")
+    _set(config, "monitor_interval", check_seconds("monitor_interval", config.monitor_interval))
+
+
+def _check_placement_options(config: RunConfig) -> None:
+    """num_nodes x workers_per_node, and which nodes may be used."""
+    if config.num_nodes is not None:
+        if config.num_workers is not None:
+            raise ValueError(
+                "num_workers and num_nodes exclude each other: with num_nodes the world is "
+                "num_nodes x workers_per_node"
+            )
+        _set(config, "num_nodes", _check_node_range(config.num_nodes))
+        if config.workers_per_node is None:
+            raise ValueError("num_nodes needs workers_per_node (the workers on each node)")
+        if config.placement_strategy != "PACK":  # the default cannot be told from a choice; any other is one
+            raise ValueError(
+                f"placement_strategy={config.placement_strategy!r} does not apply with num_nodes, which places "
+                "one bundle per node on distinct nodes (STRICT_SPREAD)"
+            )
+    if config.workers_per_node is not None:
+        _check_int("workers_per_node", config.workers_per_node, 1)
+        if config.num_nodes is None:
+            raise ValueError("workers_per_node needs num_nodes (how many nodes get that many workers)")
+    _set(config, "label_selector", check_label_selector({} if config.label_selector is None else config.label_selector))
+    if config.accelerator_type is not None:
+        if not isinstance(config.accelerator_type, str) or not config.accelerator_type.strip() or any(
+            char.isspace() for char in config.accelerator_type.strip()
+        ):
+            raise ValueError(f"accelerator_type must be a type name such as 'H100', got {config.accelerator_type!r}")
+        if config.accelerator == "cpu":
+            raise ValueError("accelerator_type names a device type but accelerator='cpu'")
+        _set(config, "accelerator_type", config.accelerator_type.strip())
+    _set(config, "exclude_nodes", check_exclude_nodes(config.exclude_nodes or ()))
+    if config.exclude_nodes and NODE_ID_LABEL in config.label_selector:
+        raise ValueError(f"label_selector names {NODE_ID_LABEL!r} and exclude_nodes is set: use one of them")
 
 
 def _check_num_workers(config: RunConfig) -> None:
@@ -651,5 +843,5 @@ def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[An
 
 __all__ = [
     "RunConfig", "OPTION_NAMES", "CliFlag", "cli_options", "PLACEMENT_STRATEGIES",
-    "make_config", "check_call", "parse_std", "parse_local_ranks",
+    "make_config", "check_call", "parse_std", "parse_local_ranks", "NUMA_BINDING_MODES",
 ]

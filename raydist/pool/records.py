@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class ClusterNode:
     node_id: str
     ip: str
     resources: Mapping[str, float]
+    labels: Mapping[str, str] = field(default_factory=dict)  # Ray's node labels (ray.io/node-id, the user's)
 
 
 @dataclass(frozen=True)

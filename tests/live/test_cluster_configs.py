@@ -198,6 +198,19 @@ def test_kuberay_rayjob() -> None:
             for group in spec["rayClusterSpec"]["workerGroupSpecs"]
             for c in group["template"]["spec"]["containers"]]
     assert sum(gpus) > 0
+    assert spec["backoffLimit"] == 0  # a retried failed job can otherwise end as succeeded
+
+
+def test_kuberay_rayjob_asks_for_the_layout_its_pods_give() -> None:
+    (job,) = load(KUBERAY_CONFIG)
+    spec = job["spec"]
+    words = spec["entrypoint"].split()
+    nnodes, per_node = int(words[words.index("--nnodes") + 1]), int(words[words.index("-n") + 1])
+    (group,) = [g for g in spec["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    (container,) = group["template"]["spec"]["containers"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == nnodes  # one pod per node rank
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == per_node
+    assert spec["shutdownAfterJobFinishes"] is True and spec.get("submissionMode", "K8sJobMode") == "K8sJobMode"
 
 
 def test_configs_pin_one_ray_version() -> None:
@@ -252,3 +265,15 @@ def test_checker_accepts_private_rules(config: dict[str, Any]) -> None:
 def test_checker_ranges_option() -> None:
     assert public_ray_port_exposures(BAD_CONFIGS["aws-range"], ranges=False) == []
     assert public_ray_port_exposures(BAD_CONFIGS["aws-dashboard"], ranges=False)
+
+
+def test_slurm_recipe_starts_ray_with_symmetric_run_and_promises_the_layout() -> None:
+    import subprocess
+
+    recipe = CONFIG_DIR / "slurm-symmetric-run.sbatch"
+    assert subprocess.run(["bash", "-n", str(recipe)], capture_output=True, check=False).returncode == 0
+    text = recipe.read_text()
+    assert re.search(r"^#SBATCH --ntasks-per-node=1$", text, flags=re.M)  # one symmetric-run per node
+    assert 'ray symmetric-run --address "$address" --min-nodes "$nodes"' in text
+    assert 'raydist run --address "$address" --nnodes "$nodes" -n "$per_node"' in text
+    assert "RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}" in text

@@ -44,9 +44,28 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     ("-r", "--redirects"): ("redirects", "CODES", "_StoreAction", None),
     ("-t", "--tee"): ("tee", "CODES", "_StoreAction", None),
     ("--local-ranks-filter", "--local_ranks_filter"): ("local_ranks_filter", "RANKS", "_StoreAction", None),
+    # Added with torchrun's layout, node selection and binding.
+    ("--no-python", "--no_python"): ("no_python", None, "_StoreTrueAction", None),
+    ("--run-path", "--run_path"): ("run_path", None, "_StoreTrueAction", None),
+    ("--label-selector", "--label_selector"): ("label_selector", "KEY=VALUE[,...]", "_StoreAction", None),
+    ("--accelerator-type", "--accelerator_type"): ("accelerator_type", "TYPE", "_StoreAction", None),
+    ("--exclude-nodes", "--exclude_nodes"): ("exclude_nodes", "NODE[,NODE...]", "_StoreAction", None),
+    ("--numa-binding", "--numa_binding"): ("numa_binding", "MODE", "_StoreAction", ("node", "socket", "exclusive", "core-complex")),
+    ("--virtual-local-rank", "--virtual_local_rank"): ("virtual_local_rank", None, "_StoreTrueAction", None),
+    ("--role",): ("role", "ROLE", "_StoreAction", None),
+    ("--monitor-interval", "--monitor_interval"): ("monitor_interval", "SECONDS", "_StoreAction", None),
+    **{
+        (flag, "--" + flag[2:].replace("-", "_")): (argparse.SUPPRESS, "VALUE", "_Refused", None)
+        for flag in (
+            "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--start-method", "--event-log-handler",
+            "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--node-rank", "--master-addr",
+            "--master-port", "--local-addr", "--logs-specs",
+        )
+    },
 }
 CLI_ONLY_DEFAULTS = {
-    "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": (1, 1), "module": False, "standalone": False,
+    "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
+    "no_python": False, "run_path": False,
 }
 # The old FLAG_OF_OPTION: the flag that names each option in messages.
 OLD_FLAG_OF_OPTION = {
@@ -55,6 +74,9 @@ OLD_FLAG_OF_OPTION = {
     "startup_timeout": "--startup-timeout", "max_restarts": "--max-restarts", "address": "--address",
     "pg_timeout": "--pg-timeout", "restart_to_grow": "--restart-to-grow", "preemption_signal": "--preemption-signal",
     "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
+    "num_nodes": "--nnodes", "workers_per_node": "--nproc-per-node", "label_selector": "--label-selector",
+    "accelerator_type": "--accelerator-type", "exclude_nodes": "--exclude-nodes", "numa_binding": "--numa-binding",
+    "virtual_local_rank": "--virtual-local-rank", "role": "--role", "monitor_interval": "--monitor-interval",
 }
 
 
@@ -99,17 +121,27 @@ def config_of(argv: List[str]) -> RunConfig:
     [
         ([], {}),
         (["-n", "4"], {"num_workers": 4}),
-        (["-n", "2", "--nnodes", "3"], {"num_workers": 6, "placement_strategy": "SPREAD"}),
+        (["-n", "2", "--nnodes", "3"], {"num_workers": None, "num_nodes": 3, "workers_per_node": 2}),
         (
             ["-n", "2", "--nnodes", "1:3", "--restart-to-grow"],
-            {"num_workers": (2, 6), "placement_strategy": "SPREAD", "restart_to_grow": True},
+            {"num_workers": None, "num_nodes": (1, 3), "workers_per_node": 2, "restart_to_grow": True},
+        ),
+        (["--nnodes", "2"], {"num_workers": None, "num_nodes": 2, "workers_per_node": 1}),
+        (
+            ["--label-selector", "zone=in(a,b),pool=!spot", "--accelerator-type", "H100", "--exclude-nodes", "10.0.0.5,7da0617f45cb"],
+            {"label_selector": {"zone": "in(a,b)", "pool": "!spot"}, "accelerator_type": "H100",
+             "exclude_nodes": ("10.0.0.5", "7da0617f45cb")},
+        ),
+        (
+            ["--numa-binding", "core-complex", "--virtual-local-rank", "--role", "trainer", "--monitor-interval", "0.5"],
+            {"numa_binding": "core-complex", "virtual_local_rank": True, "role": "trainer", "monitor_interval": 0.5},
         ),
         (["-n", "gpu"], {"num_workers": None, "accelerator": "gpu"}),
         (["-n", "auto", "--accelerator", "NPU"], {"num_workers": None, "accelerator": "npu"}),
         (["--env", "A=1", "--env=B=x=y"], {"env": {"A": "1", "B": "x=y"}}),
         (["--resources-per-worker", '{"CPU": 2}'], {"resources_per_worker": {"CPU": 2.0}}),
         (["--backend", "gloo", "--pg-timeout", "5"], {"backend": "gloo", "init_process_group": True, "pg_timeout": 5.0}),
-        (["--placement_strategy", "strict_spread", "--nnodes", "2"], {"placement_strategy": "STRICT_SPREAD"}),
+        (["--placement_strategy", "strict_spread"], {"placement_strategy": "STRICT_SPREAD"}),
         (
             ["--timeout", "2.5", "--startup-timeout", "9", "--max_restarts", "3"],
             {"timeout": 2.5, "startup_timeout": 9.0, "max_restarts": 3},
@@ -124,8 +156,6 @@ def config_of(argv: List[str]) -> RunConfig:
 )
 def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> None:
     defaults = {"num_workers": 1, "init_process_group": False, "retry_on_exception": True}
-    if "--nnodes" in argv and "-n" not in argv:
-        defaults["num_workers"] = int(argv[argv.index("--nnodes") + 1])
     assert config_of(argv) == RunConfig(**{**defaults, **expected})
 
 
@@ -139,6 +169,12 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["-n", "gpu", "--accelerator", "cpu"], "contradicts"),
         (["--nnodes", "2", "-n", "auto"], "give a number"),
         (["-n", "0"], "--nproc-per-node must be >= 1"),
+        (["--nnodes", "2", "--placement-strategy", "PACK"], "applies only without --nnodes"),
+        (["--label-selector", "zone"], "not KEY=VALUE"),
+        (["--label-selector", "zone=in(a,"], "Ray's forms"),
+        (["--exclude-nodes", "abc"], "--exclude-nodes entry 'abc'"),
+        (["--accelerator-type", "H100", "--accelerator", "cpu"], "--accelerator-type names a device type"),
+        (["--monitor-interval", "0"], "--monitor-interval must be a positive"),
     ],
 )
 def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> None:

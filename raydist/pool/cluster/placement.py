@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from tqdm.auto import tqdm
 
-from raydist.pool.cluster import ray_private
-from raydist.pool.rules.sizing import elastic_size, workers_that_fit
 from raydist.errors import InfeasibleResourcesError
+from raydist.pool.cluster import ray_private
 from raydist.pool.records import ClusterNode
-from raydist.pool.rules.sizing import infeasibility
+from raydist.pool.rules.sizing import Request, elastic_size, selection_text
 from raydist.pool.rules.text import fmt_resources, per_node_text
 
 
 def alive_nodes() -> List[ClusterNode]:
     return [
-        ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(n["Resources"]))
+        ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(n["Resources"]), dict(n.get("Labels") or {}))
         for n in ray.nodes()
         if n["Alive"]
     ]
@@ -33,31 +32,31 @@ def usable_nodes() -> List[ClusterNode]:
     return [node for node in alive_nodes() if node.node_id not in draining]
 
 
-def reserve(
-    bundle: Mapping[str, float],
-    sizes: Tuple[int, int],
-    strategy: str,
-    startup_timeout: float,
-) -> Tuple[PlacementGroup, int]:
-    """A placed placement group of ``bundle`` x n, and n.
+def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, int]:
+    """A placed placement group of ``request.bundle`` x n, and n.
 
-    ``sizes`` is (min, max) workers: with min < max, n is as many as fit now
-    (up to max) once at least min fit. Raises InfeasibleResourcesError at
-    once when the cluster can never host min (and no autoscaler can grow
-    it), or after ``startup_timeout`` seconds.
+    With ``request.sizes`` = (min, max) and min < max, n is as many as fit
+    now (up to max) once at least min fit. Raises InfeasibleResourcesError
+    at once when the nodes the request may use can never host min (and no
+    autoscaler can add nodes), or after ``startup_timeout`` seconds.
     """
-    min_workers, max_workers = sizes
-    reason = infeasibility(bundle, min_workers, strategy, usable_nodes())
+    min_size, max_size = request.sizes
+    nodes = usable_nodes()
+    reason = request.infeasibility(nodes)
     if reason is not None and not ray_private.cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
+    bundle, selector = request.bundle, request.selection.ray_selector(alive_nodes())
     deadline = time.monotonic() + startup_timeout
-    with tqdm(total=min_workers, desc="raydist: workers placed", unit="worker", delay=5.0) as bar:
+    with tqdm(total=min_size, desc="raydist: workers placed", unit="bundle" if request.per_bundle > 1 else "worker", delay=5.0) as bar:
         while True:
-            size = max_workers if min_workers == max_workers else _elastic_size_now(bundle, sizes, strategy)
+            size = max_size if min_size == max_size else elastic_size(min_size, max_size, room_for(request))
             if size is not None:
-                pg = placement_group([dict(bundle)] * size, strategy=strategy, name=f"raydist-{uuid.uuid4().hex[:12]}")
+                pg = placement_group(
+                    [dict(bundle)] * size, strategy=request.strategy, name=f"raydist-{uuid.uuid4().hex[:12]}",
+                    bundle_label_selector=[dict(selector)] * size if selector else None,
+                )
                 # An elastic size was right a moment ago; if others took the room meanwhile, look again.
-                wait = deadline if min_workers == max_workers else min(deadline, time.monotonic() + ELASTIC_PLACE_S)
+                wait = deadline if min_size == max_size else min(deadline, time.monotonic() + ELASTIC_PLACE_S)
                 try:
                     placed = _wait_until_placed(pg, bundle, size, bar, wait)
                 except BaseException:
@@ -67,8 +66,8 @@ def reserve(
                     return pg, size
                 remove_placement_group(pg)
             if time.monotonic() >= deadline:
-                raise InfeasibleResourcesError(_gave_up(bundle, sizes, strategy, startup_timeout))
-            bar.set_postfix_str(f"waiting for room for {min_workers} of {fmt_resources(bundle)}; free: {fmt_resources(_free(bundle))}")
+                raise InfeasibleResourcesError(_gave_up(request, startup_timeout))
+            bar.set_postfix_str(f"waiting for room for {min_size} of {fmt_resources(bundle)}; free: {fmt_resources(_free(bundle))}")
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # polling the cluster, with a deadline
 
 
@@ -93,15 +92,11 @@ def wait_until_released(held: Mapping[str, Mapping[str, float]], timeout: float 
         time.sleep(0.1)  # polling Ray's view of free resources, with a deadline
 
 
-def _elastic_size_now(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str) -> Optional[int]:
-    return elastic_size(sizes[0], sizes[1], room_for(bundle, strategy))
-
-
-def room_for(bundle: Mapping[str, float], strategy: str) -> int:
-    """How many more workers of ``bundle`` fit now on nodes that are not draining."""
-    usable = {node.node_id for node in usable_nodes()}
-    free = [resources for node_id, resources in ray_private.available_resources_per_node().items() if node_id in usable]
-    return workers_that_fit(bundle, free, strategy)
+def room_for(request: Request, taken: Sequence[str] = ()) -> int:
+    """How many more of ``request``'s bundles fit now on the nodes it may use
+    that are not draining, leaving out the nodes in ``taken``."""
+    nodes = usable_nodes()
+    return request.room(ray_private.available_resources_per_node(), nodes, taken)
 
 
 def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: tqdm, deadline: float) -> bool:
@@ -117,12 +112,17 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: in
         bar.set_postfix_str(f"waiting for {fmt_resources(bundle)} x {size}; free: {fmt_resources(_free(bundle))}")
 
 
-def _gave_up(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str, startup_timeout: float) -> str:
+def _gave_up(request: Request, startup_timeout: float) -> str:
+    bundle, sizes = request.bundle, request.sizes
     count = str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}"
-    totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in alive_nodes()]
+    what = f"node(s) of {request.per_bundle} workers" if request.node_layout else "workers"
+    nodes = alive_nodes()
+    totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in request.selection.matching(nodes)]
+    chosen = f"; {selection_text(request.selection, nodes)}" if request.selection.active else ""
     return (
-        f"gave up after {startup_timeout:g} s waiting for {count} workers of {fmt_resources(bundle)} each "
-        f"({strategy}); cluster nodes have {per_node_text(totals)} in total, currently free {fmt_resources(_free(bundle))}"
+        f"gave up after {startup_timeout:g} s waiting for {count} {what} of {fmt_resources(bundle)} each "
+        f"({request.strategy}); the nodes it may use have {per_node_text(totals)} in total, currently free "
+        f"{fmt_resources(_free(bundle))}{chosen}"
     )
 
 

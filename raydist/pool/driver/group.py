@@ -351,8 +351,11 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
             alive.shutdown(graceful=False)
 
     def room() -> int:
-        more = room_for(members.bundle, config.placement_strategy)
+        # Whole nodes under the node layout: never a second bundle on a node the group holds.
+        request = members.request
+        taken = list(dict.fromkeys(w.node_id for w in members.workers)) if request.node_layout else []
+        more = room_for(request, taken) * request.per_bundle
         return min(sizes[1] - len(members.workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(members.workers) < sizes[1]
-    return GroupWatcher(members.workers, warn, stop, room if growable else None).start()
+    return GroupWatcher(members.workers, warn, stop, room if growable else None, config.monitor_interval).start()

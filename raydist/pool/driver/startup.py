@@ -27,9 +27,17 @@ from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.waiting import wait_for_ranks
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
-from raydist.pool.rules.layout import assign_ranks, worker_env
+from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
 from raydist.pool.rules.policy import classify_end
-from raydist.pool.rules.sizing import default_num_workers, resolve_accelerator, worker_bundle
+from raydist.pool.rules.sizing import (
+    NodeSelection,
+    Request,
+    default_num_workers,
+    placement_request,
+    resolve_accelerator,
+    selection_text,
+    worker_bundle,
+)
 from raydist.pool.worker.actor import RayWorker
 
 if TYPE_CHECKING:
@@ -45,7 +53,8 @@ class Members:
     """What a group holds on the cluster, from the first step on."""
 
     accelerator: Accelerator
-    bundle: Dict[str, float]
+    bundle: Dict[str, float]  # one worker's resources
+    request: Request  # what the group asked of the cluster (bundles, nodes allowed)
     pg: Optional[PlacementGroup] = None
     actors: List[Any] = field(default_factory=list)  # by rank once ranks are assigned
     workers: List[WorkerInfo] = field(default_factory=list)  # by rank
@@ -128,25 +137,30 @@ class GroupBuilder:
             members.output = None
 
     def _reserve(self) -> Members:
-        config, nodes = self.config, alive_nodes()
+        config = self.config
+        selection = NodeSelection.of(config)
+        nodes = selection.matching(alive_nodes()) if selection.active else alive_nodes()
         accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
-        bundle = worker_bundle(accelerator, config.resources_per_worker)
+        bundle = worker_bundle(accelerator, config.resources_per_worker, config.accelerator_type)
         sizes = config.worker_range
         if sizes is None:
             count = default_num_workers(accelerator, bundle, nodes)
             if count < 1:
+                chosen = f" ({selection_text(selection, alive_nodes())})" if selection.active else ""
                 raise InfeasibleResourcesError(
                     f"num_workers=None means one worker per {accelerator.ray_resource}, "
-                    f"but the cluster has none ({accelerator.name} workers of {bundle})"
+                    f"but the cluster has none ({accelerator.name} workers of {bundle}){chosen}"
                 )
             sizes = (count, count)
-        members = Members(accelerator, bundle)
-        members.pg, size = reserve(bundle, sizes, config.placement_strategy, config.startup_timeout)
-        members.actors = [None] * size
+        request = placement_request(config, bundle, sizes)
+        members = Members(accelerator, bundle, request)
+        members.pg, size = reserve(request, config.startup_timeout)
+        members.actors = [None] * (size * request.per_bundle)
         return members
 
     def _create(self, members: Members) -> None:
-        bundle, pg = members.bundle, members.pg
+        """One actor per worker; under the node layout, ``per_bundle`` actors share each node's bundle."""
+        bundle, pg, per_bundle = members.bundle, members.pg, members.request.per_bundle
         assert pg is not None, "reserved in the step before"
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         for index in range(len(members.actors)):
@@ -154,7 +168,7 @@ class GroupBuilder:
                 num_cpus=bundle.get("CPU", 0),
                 num_gpus=bundle.get("GPU", 0),
                 resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index // per_bundle),
             ).remote(members.accelerator.ray_resource)
 
     def _describe(self, members: Members) -> List[Placement]:
@@ -163,6 +177,10 @@ class GroupBuilder:
 
     def _assign(self, members: Members, placements: List[Placement]) -> None:
         members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order)
+        if members.request.node_layout:
+            broken = node_layout_broken(members.workers, members.request.per_bundle)
+            if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
+                raise RuntimeError(f"the placement broke the node layout: {broken}")
         members.agents = start_agents([w.node_id for w in members.workers])  # ready by the time they are needed
         members.actors = [members.actors[w.actor_index] for w in members.workers]  # now indexed by rank
         routes = self._logs.attempt(self._restart_count, members.workers)

@@ -78,6 +78,18 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str],
             )
     return workers
 
+def node_layout_broken(workers: Sequence[WorkerInfo], per_node: int) -> Optional[str]:
+    """What breaks torchrun's layout (exactly ``per_node`` ranks on each node,
+    node g holding ranks g*P ... g*P+P-1), or None when it holds."""
+    for worker in workers:
+        expected = (worker.rank // per_node, worker.rank % per_node, per_node)
+        if (worker.node_rank, worker.local_rank, worker.local_world_size) != expected:
+            return (
+                f"rank {worker.rank} is local rank {worker.local_rank} of {worker.local_world_size} on node "
+                f"{worker.node_rank} ({worker.node_id[:12]}); expected local rank {expected[1]} of {per_node} on node {expected[0]}"
+            )
+    return None
+
 def worker_env(
     worker: WorkerInfo,
     *,
@@ -105,13 +117,20 @@ def worker_env(
         run_id=run_id,
         restart_count=restart_count,
         max_restarts=config.max_restarts,
+        role_name=config.role,
         omp_num_threads=max(1, int(cpus)),
         base_env={**os.environ, **config.env},
     )
+    visible, device_index = worker.visible_device_ids, worker.device_index
+    if config.virtual_local_rank:
+        # torchrun's --virtual-local-rank: the worker sees only its own device(s), as index 0, and LOCAL_RANK=0.
+        env["LOCAL_RANK"] = "0"
+        visible = tuple(worker.device_ids)
+        device_index = 0 if worker.device_ids else None
     if accelerator.visible_devices_var is not None:
-        env[accelerator.visible_devices_var] = ",".join(worker.visible_device_ids)
-    if worker.device_index is not None:
-        env[DEVICE_INDEX_VAR] = str(worker.device_index)
+        env[accelerator.visible_devices_var] = ",".join(visible)
+    if device_index is not None:
+        env[DEVICE_INDEX_VAR] = str(device_index)
     if worker.evidence is not None:  # where raydist.preemption_requested() reads a drain deadline
         env[PREEMPTION_FILE_VAR] = worker.evidence.preemption_path
     # Where a script decorated with torch's @record writes its error (on the worker's node).

@@ -26,7 +26,7 @@ from raydist.config import STD_ERR, STD_NONE, STD_OUT, RunConfig, StdSpec
 
 PREFIX_TEMPLATE_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
-ROLE_NAME = "default"  # torchrun's role name, and the ROLE_NAME raydist's workers get
+ROLE_NAME = "default"  # torchrun's default role name (RunConfig.role)
 _CYAN, _RESET = "\x1b[36m", "\x1b[0m"  # Ray's colour for a worker's line prefix
 
 
@@ -59,11 +59,11 @@ def wants_files(config: RunConfig) -> bool:
     one, raydist makes a temporary one only when a stream goes to files."""
     return config.log_dir is not None or config.redirects != STD_NONE or config.tee != STD_NONE
 
-def line_prefix(template: Optional[str], rank: int, local_rank: int) -> Optional[str]:
+def line_prefix(template: Optional[str], rank: int, local_rank: int, role: str = ROLE_NAME) -> Optional[str]:
     """``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` expanded as torchrun expands it."""
     if template is None:
         return None
-    return Template(template).safe_substitute(role_name=ROLE_NAME, rank=rank, local_rank=local_rank)
+    return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
 
 def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional[str], template: Optional[str]) -> RankRoute:
     """torchrun's rules for one rank: a tee'd stream is redirected too; the
@@ -78,7 +78,7 @@ def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional
             console=shown and (not redirected & bit or bool(teed & bit)),
         )
 
-    return RankRoute(rank, local_rank, route(STD_OUT, "stdout.log"), route(STD_ERR, "stderr.log"), line_prefix(template, rank, local_rank))
+    return RankRoute(rank, local_rank, route(STD_OUT, "stdout.log"), route(STD_ERR, "stderr.log"), line_prefix(template, rank, local_rank, config.role))
 
 def console_prefix(route: RankRoute, pid: int, ip: Optional[str], colour: bool) -> str:
     """What goes before a console line: the template's expansion (as torchrun

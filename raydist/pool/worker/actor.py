@@ -112,6 +112,8 @@ class RayWorker:
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             # torch's @record writes the file but does not create its directory.
             os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
+        if spec.config.numa_binding is not None:
+            self._bind(spec)
         threshold = spec.config.object_store_threshold
         if threshold is not None:
             collectives.set_large_object_transport(RayObjectStoreTransport(threshold))
@@ -120,6 +122,17 @@ class RayWorker:
         if spec.init_kwargs is None:
             return None
         return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
+
+    def _bind(self, spec: WorkerSpec) -> None:
+        """torchrun's --numa-binding, before any user code runs; where it cannot
+        apply, local rank 0 of the node says why in one line."""
+        from raydist.core.environment import DEVICE_INDEX_VAR
+        from raydist.pool.worker.binding import apply_numa_binding
+
+        index = os.environ.get(DEVICE_INDEX_VAR)
+        why = apply_numa_binding(spec.config.numa_binding or "", spec.device_type, int(index) if index else None)
+        if why and spec.worker.local_rank == 0:
+            print(why, file=sys.stderr, flush=True)
 
     @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
+import subprocess
 import sys
 from types import TracebackType
 from typing import Optional, Sequence
 
-__all__ = ["resolve_script", "run_script"]
+__all__ = ["resolve_script", "run_script", "run_executable"]
 
 
 def resolve_script(path: str, path_as_typed: str) -> str:
@@ -112,3 +114,32 @@ def _leave_process_group() -> None:
     except Exception as error:  # noqa: BLE001 - the script's own result matters more
         print(f"raydist: could not destroy the process group: {error}", file=sys.stderr, flush=True)
 
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the worker dies (Linux), so a
+    killed group leaves no program behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_executable(program: str, args: Sequence[str]) -> None:
+    """torchrun's ``--no-python``: run ``program`` (a path, or a command on
+    this worker's PATH) as a child with this rank's environment; its output
+    goes where the worker's does. A non-zero status ends the rank with it
+    (a signal N as 128+N, as a shell reports it)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    child = subprocess.Popen([program, *args], preexec_fn=_die_with_parent)
+    try:
+        code = child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    if code:
+        raise SystemExit(code if code > 0 else 128 - code)

@@ -1,0 +1,89 @@
+"""Every flag of ``torchrun --help`` is accounted for in raydist's table:
+honoured (and ``raydist run`` takes every torchrun spelling of it) or
+refused (and ``raydist run`` exits 2 with the table's reason). No Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+from raydist import cli
+from raydist.config import RunConfig
+
+OPTIONS = {field.name for field in dataclasses.fields(RunConfig)}
+# Honoured by RunConfig fields that the signal-handling work adds (issue 20);
+# checked once those fields exist.
+ADDED_ELSEWHERE = {"signals_to_handle", "shutdown_timeout"}
+
+
+def torchrun_help() -> str:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun)] if torchrun.exists() else [shutil.which("torchrun") or "torchrun"]
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def torchrun_flags(help_text: str) -> Dict[str, List[str]]:
+    """Each option of torchrun's help, by its first long spelling: all its spellings."""
+    options = help_text.split("\noptions:", 1)[1]
+    flags: Dict[str, List[str]] = {}
+    for line in options.splitlines():
+        match = re.match(r"^  (-[^\s].*?)(?:  |$)", line)
+        if not match:
+            continue
+        spellings = [part.split()[0] for part in match.group(1).split(", ")]
+        longs = [s for s in spellings if s.startswith("--")]
+        flags[longs[0] if longs else spellings[0]] = spellings
+    return flags
+
+
+@pytest.fixture(scope="module")
+def flags() -> Dict[str, List[str]]:
+    found = torchrun_flags(torchrun_help())
+    assert {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--numa-binding", "--virtual-local-rank"} <= set(found)
+    return found
+
+
+def raydist_spellings() -> Set[str]:
+    return {option for action in cli.build_parser()[1]._actions for option in action.option_strings}
+
+
+def test_every_torchrun_flag_is_honoured_or_refused(flags: Dict[str, List[str]]) -> None:
+    missing = sorted(set(flags) - set(cli.TORCHRUN_FLAGS) - {"--help"})
+    assert not missing, f"torchrun flags neither honoured nor refused: {missing}"
+    for flag, (kind, why) in cli.TORCHRUN_FLAGS.items():
+        assert kind in (cli.HONOURED, cli.REFUSED) and why and "\n" not in why, flag
+
+
+def test_honoured_flags_take_every_torchrun_spelling(flags: Dict[str, List[str]]) -> None:
+    ours = raydist_spellings()
+    for flag, spellings in flags.items():
+        kind, why = cli.TORCHRUN_FLAGS.get(flag, (None, ""))
+        if kind != cli.HONOURED:
+            continue
+        named = re.match(r"RunConfig\.(\w+)", why)
+        if named:
+            assert named.group(1) in OPTIONS | ADDED_ELSEWHERE, f"{flag}: no RunConfig option {named.group(1)}"
+            if named.group(1) not in OPTIONS:
+                continue  # comes with issue 20's fields
+        assert set(spellings) <= ours, f"{flag}: raydist run lacks {sorted(set(spellings) - ours)}"
+
+
+def test_refused_flags_exit_2_with_their_reason(flags: Dict[str, List[str]], capsys: pytest.CaptureFixture) -> None:
+    for flag, spellings in flags.items():
+        kind, why = cli.TORCHRUN_FLAGS.get(flag, (None, ""))
+        if kind != cli.REFUSED:
+            continue
+        for spelling in spellings:
+            with pytest.raises(SystemExit) as stopped:
+                cli.main(["run", spelling, "x", "train.py"])
+            assert stopped.value.code == 2, spelling
+            assert f"torchrun's {flag} is refused: {why}" in capsys.readouterr().err, spelling
