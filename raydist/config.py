@@ -353,6 +353,12 @@ class RunConfig:
     preemption_signal: the signal ranks on a draining node get at once (their
         code reads the deadline with ``raydist.preemption_requested()``);
         None: no signal, only the deadline.
+    flight_recorder: switch torch's flight recorder on in every worker (a
+        short buffer): a hang's report then says at which collective the
+        ranks diverged, and a rank that reaches collectives consistently late
+        is named (``WorkerGroup.stragglers()``).
+    post_mortem: keep a rank that raised alive at its exception, in pdb
+        (in the launching terminal, or attached with ``raydist debug``).
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(
@@ -502,6 +508,23 @@ class RunConfig:
             "'none' for no signal (default: {default})",
         ),
     )
+    flight_recorder: bool = field(
+        default=True,
+        metadata=cli(
+            "--no-flight-recorder", action="store_true", to_option=lambda given: not given,
+            help="switch off torch's flight recorder in the workers (on by default, with a short "
+            "buffer): without it a hang's report cannot say at which collective the ranks diverged, "
+            "and no rank is named as a straggler",
+        ),
+    )
+    post_mortem: bool = field(
+        default=False,
+        metadata=cli(
+            "--post-mortem", action="store_true",
+            help="keep a rank that raises alive at its exception and open pdb there (in this "
+            "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._check_num_workers()
@@ -539,6 +562,8 @@ class RunConfig:
             raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
         if self.preemption_signal is not None:
             self._set("preemption_signal", _check_signal(self.preemption_signal))
+        _check_bool("flight_recorder", self.flight_recorder)
+        _check_bool("post_mortem", self.post_mortem)
 
     def _check_num_workers(self) -> None:
         value = self.num_workers

@@ -130,6 +130,7 @@ def _failure(
         exit_code=outcome.exit_code if outcome else None,
         died=died,
         exception_type=outcome.exception_type if outcome else None,
+        collectives=outcome.collectives if outcome else None,
     )
 
 

@@ -1,0 +1,18 @@
+"""raydist.run from a Python script, with a breakpoint() on rank 1."""
+
+import os
+
+import torch.distributed as dist
+
+import raydist
+
+
+def stop_on_rank_one() -> str:
+    if dist.get_rank() == 1:
+        breakpoint()
+    dist.barrier()
+    return os.environ["RANK"]
+
+
+if __name__ == "__main__":
+    print("results:", raydist.run(stop_on_rank_one, num_workers=2, resources_per_worker={"CPU": 0.5}), flush=True)
