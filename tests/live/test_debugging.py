@@ -70,7 +70,8 @@ def test_a_second_rank_waits_its_turn_and_says_so() -> None:
     child = pexpect.spawn(command[0], command[1:], env=_env(), encoding="utf-8", timeout=START_S)
     try:
         child.expect_exact("(Pdb)", timeout=START_S)
-        child.expect_exact("it waits its turn", timeout=60)  # the other rank stopped too
+        if "it waits its turn" not in child.before:  # the other rank stopped too (before or after the prompt)
+            child.expect_exact("it waits its turn", timeout=60)
         child.sendline('p os.environ["RANK"]')
         child.expect(r"'([01])'", timeout=30)
         first = child.match.group(1)
@@ -114,3 +115,19 @@ def test_without_a_terminal_raydist_debug_attaches_from_another_shell() -> None:
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+def test_post_mortem_keeps_a_raising_rank_in_pdb_at_its_exception() -> None:
+    command = _raydist_run("--post-mortem", str(SCRIPTS / "raise_rank1.py"))
+    child = pexpect.spawn(command[0], command[1:], env=_env(), encoding="utf-8", timeout=START_S)
+    try:
+        child.expect_exact("post-mortem (KeyError)", timeout=START_S)
+        child.expect_exact("(Pdb)", timeout=60)
+        child.sendline("p table")
+        child.expect_exact("{'rows': 3}", timeout=30)
+        _debug_rank_one(child)
+        child.expect_exact("KeyError: 'columns'", timeout=60)  # then the run fails as it would have
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close()
+    assert child.exitstatus == 1, child.before
