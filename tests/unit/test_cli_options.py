@@ -44,6 +44,9 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     ("-r", "--redirects"): ("redirects", "CODES", "_StoreAction", None),
     ("-t", "--tee"): ("tee", "CODES", "_StoreAction", None),
     ("--local-ranks-filter", "--local_ranks_filter"): ("local_ranks_filter", "RANKS", "_StoreAction", None),
+    # Added with the flight recorder and pdb on any rank.
+    ("--no-flight-recorder",): ("flight_recorder", None, "_StoreTrueAction", None),
+    ("--post-mortem",): ("post_mortem", None, "_StoreTrueAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": (1, 1), "module": False, "standalone": False,
@@ -55,6 +58,7 @@ OLD_FLAG_OF_OPTION = {
     "startup_timeout": "--startup-timeout", "max_restarts": "--max-restarts", "address": "--address",
     "pg_timeout": "--pg-timeout", "restart_to_grow": "--restart-to-grow", "preemption_signal": "--preemption-signal",
     "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
+    "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
 }
 
 
@@ -172,3 +176,11 @@ def test_parsing_imports_neither_ray_nor_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_recorder_and_post_mortem_flags() -> None:
+    parser = cli.build_parser()[0]
+    plain = cli.build_config(parser.parse_args(["run", "x.py"]))
+    assert plain.flight_recorder and not plain.post_mortem
+    flagged = cli.build_config(parser.parse_args(["run", "--no-flight-recorder", "--post-mortem", "x.py"]))
+    assert not flagged.flight_recorder and flagged.post_mortem

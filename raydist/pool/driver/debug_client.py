@@ -41,7 +41,7 @@ def _ask(relay: Dict[str, Any], message: Dict[str, Any]) -> Tuple[socket.socket,
 
 def waiting_ranks() -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
     """(relay, stopped rank) for every rank waiting in pdb on this machine's runs."""
-    found = []
+    found: List[Tuple[Dict[str, Any], Dict[str, Any]]] = []
     for relay in _relays():
         try:
             connection, reply = _ask(relay, {"op": "list"})

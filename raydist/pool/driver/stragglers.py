@@ -71,7 +71,7 @@ class StragglerWatch:
         found = ask_agents(self._agents, self._workers, [w.rank for w in self._workers], "collectives", timeout=5.0)
         for rank, entries in found.items():
             kept = self._history[rank]
-            for entry in entries or ():  # type: ignore[union-attr]
+            for entry in entries or ():  # type: ignore[attr-defined]
                 kept[(entry.group, entry.seq)] = entry
             for key in sorted(kept, key=lambda k: kept[k].created_ns)[:-KEPT_ENTRIES]:
                 del kept[key]

@@ -63,18 +63,18 @@ def first_mismatch(by_rank: Mapping[int, Sequence[CollectiveEntry]]) -> Optional
         for entry in entries:
             at_seq.setdefault(entry.seq, {})[rank] = entry
     for seq in sorted(at_seq):
-        entries = at_seq[seq]
+        ranks_at = at_seq[seq]
         kinds: Dict[_Signature, List[int]] = {}
-        for rank, entry in sorted(entries.items()):
+        for rank, entry in sorted(ranks_at.items()):
             kinds.setdefault(_signature(entry), []).append(rank)
         if len(kinds) < 2:
             continue
         # The most ranks (then the lowest rank) define "the others".
         ordered = sorted(kinds.items(), key=lambda item: (-len(item[1]), item[1][0]))
-        common = entries[ordered[0][1][0]]
+        common = ranks_at[ordered[0][1][0]]
         lines = []
         for _, ranks in ordered[1:]:
-            odd = entries[ranks[0]]
+            odd = ranks_at[ranks[0]]
             who = ranks_text(ranks)
             if odd.op != common.op:
                 lines.append(f"{who} entered {odd.op} #{seq}, the others {common.op} #{seq}")

@@ -52,7 +52,7 @@ def recent_collectives(limit: int = LAST_ENTRIES) -> Optional[Tuple[CollectiveEn
     if "torch" not in sys.modules:
         return None
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
 
         dump = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False))
     except Exception:  # noqa: BLE001 - an older torch, or no recorder: nothing to report
