@@ -31,17 +31,14 @@ from raydist.errors import (
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
 from raydist.pool.driver.agents import ask_agents, explain_deaths
-from raydist.pool.driver.debug_relay import DebugRelay
+from raydist.pool.driver.diagnostics import GroupDiagnostics
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.startup import GroupBuilder, Members, release
-from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, WorkerInfo
-from raydist.pool.rules.explain import format_stacks
-from raydist.pool.rules.hangs import where_collectives_are
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.stragglers import Straggler
@@ -149,23 +146,20 @@ class WorkerGroup:
         self._closed = self._cancelled = False
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
-        self._straggler_watch: Optional[StragglerWatch] = None
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
-        # breakpoint() on any rank reaches this driver's terminal through the relay.
-        self._relay = DebugRelay(ray.util.get_node_ip_address())
+        self._diagnostics = GroupDiagnostics(self.config, lambda: self._members)
         try:
             builder = GroupBuilder(
                 self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order,
-                extra_env=self._relay.env(),
+                extra_env=dict(self._diagnostics.env()),
             )
             self._members = builder.build()
         except BaseException:
-            self._relay.stop()
+            self._diagnostics.stop()
             raise
         self._watcher = _watch(self)
-        if self.config.flight_recorder:
-            self._straggler_watch = StragglerWatch(self._members.workers, self._members.agents).start()
+        self._diagnostics.start()
 
     # -- what the group is -------------------------------------------------
 
@@ -263,13 +257,13 @@ class WorkerGroup:
         if end is CallEnd.SHUT_DOWN:
             return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
         if end is CallEnd.TIMED_OUT:
-            return WorkerGroupTimeout(limit, waited.pending, self._stacks_of(waited.pending), self._collectives_of({}))
+            return WorkerGroupTimeout(limit, waited.pending, self._diagnostics.stacks(waited.pending), self._diagnostics.collectives({}))
         failures = waited.failures
         if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
             failures = explain_deaths(failures, self.workers, self._members.agents if self._members else {})
         drained = self.drained_nodes
         known = {f.rank: f.collectives for f in failures if f.collectives}
-        collectives = self._collectives_of(known) if known else ""  # a rank failed inside a collective
+        collectives = self._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
         error = WorkerGroupError(
             failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}), collectives=collectives
         )
@@ -293,8 +287,8 @@ class WorkerGroup:
         flight recorders: which rank did not enter the collective the others
         wait in, or entered another). The group keeps running."""
         self._check_usable()
-        stacks = self._stacks_of(range(self.num_workers))
-        collectives = self._collectives_of({})
+        stacks = self._diagnostics.stacks(range(self.num_workers))
+        collectives = self._diagnostics.collectives({})
         return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
 
     def stragglers(self, refresh: bool = False) -> List[Straggler]:
@@ -302,28 +296,9 @@ class WorkerGroup:
         (over the last collectives the flight recorders hold), as of the last
         look (every 0.5 s; ``refresh``: look now); [] on an even run or with
         ``flight_recorder=False``."""
-        watch = self._straggler_watch
-        if watch is None:
-            return []
         if refresh:
             self._check_usable()
-            return watch.poll()
-        return list(watch.stragglers)
-
-    def _collectives_of(self, known: Mapping[int, Any]) -> str:
-        """Where every rank is in its collectives; ``known``: ranks whose entries came with their failure."""
-        if not self.config.flight_recorder:
-            return ""
-        agents = self._members.agents if self._members else {}
-        others = [rank for rank in range(self.num_workers) if rank not in known]
-        found = ask_agents(agents, self.workers, others, "collectives") if others else {}
-        recorders = {rank: known.get(rank, found.get(rank)) for rank in range(self.num_workers)}
-        return where_collectives_are(recorders)  # type: ignore[arg-type]
-
-    def _stacks_of(self, ranks: Sequence[int]) -> str:
-        agents = self._members.agents if self._members else {}
-        found = ask_agents(agents, self.workers, list(ranks), "stacks")
-        return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
+        return self._diagnostics.stragglers(refresh)
 
     def _check_usable(self) -> None:
         self._check_session()
@@ -350,10 +325,8 @@ class WorkerGroup:
             first, self._closed = not self._closed, True
         if self._watcher is not None:
             self._watcher.stop()  # kept: what it saw explains the failure
-        if self._straggler_watch is not None:
-            self._straggler_watch.stop()
-        if getattr(self, "_relay", None) is not None:
-            self._relay.stop()
+        if getattr(self, "_diagnostics", None) is not None:
+            self._diagnostics.stop()
         members = self._members
         if members is not None and connected_session() == self._session:
             release(members, graceful and first)
