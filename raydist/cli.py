@@ -108,6 +108,15 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     _add_cli_only_arguments(run)
     _add_config_arguments(run)
     _add_refused_arguments(run)
+    debug = commands.add_parser(
+        "debug",
+        help="attach to a rank waiting in pdb (breakpoint() or --post-mortem) under a run on this machine",
+        description="List the ranks waiting in pdb under the raydist runs started on this machine and "
+        "attach this terminal to one of them: the way in when the run's own terminal cannot serve "
+        "pdb (a job submitted without one). `c` continues the rank.",
+    )
+    debug.add_argument("--rank", type=parse_int, default=None, help="the rank to attach to (default: the only one waiting)")
+    debug.add_argument("--list", action="store_true", help="only list the waiting ranks")
     run.add_argument(
         "target", metavar="script",
         help="the training script's path (relative to the working directory), or the module "
@@ -465,6 +474,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``raydist`` console script and ``python -m raydist``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, run_parser = build_parser()
+    if argv and argv[0] == "debug":
+        from raydist.pool.driver.debug_client import debug_command
+
+        options = parser.parse_args(argv)
+        return debug_command(options.rank, options.list)
     if not argv or argv[0] != "run":
         parser.parse_args(argv)  # help, version, or a usage error; all exit here
         return EXIT_USAGE

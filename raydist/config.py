@@ -526,6 +526,17 @@ _MONITOR_INTERVAL_FLAG = cli(
         "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
         "(default {default:g})",
     )
+_FLIGHT_RECORDER_FLAG = cli(
+        "--no-flight-recorder", action="store_true", to_option=lambda given: not given,
+        help="switch off torch's flight recorder in the workers (on by default, with a short "
+        "buffer): without it a hang's report cannot say at which collective the ranks diverged, "
+        "and no rank is named as a straggler",
+    )
+_POST_MORTEM_FLAG = cli(
+        "--post-mortem", action="store_true",
+        help="keep a rank that raises alive at its exception and open pdb there (in this "
+        "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
+    )
 
 
 @dataclass(frozen=True)
@@ -598,6 +609,12 @@ class RunConfig:
     role: torchrun's ``--role``: ROLE_NAME, and ``${role_name}`` in the log prefix.
     monitor_interval: seconds between the driver's looks at node drains and
         free room while a group runs.
+    flight_recorder: switch torch's flight recorder on in every worker (a
+        short buffer): a hang's report then says at which collective the
+        ranks diverged, and a rank that reaches collectives consistently late
+        is named (``WorkerGroup.stragglers()``).
+    post_mortem: keep a rank that raised alive at its exception, in pdb
+        (in the launching terminal, or attached with ``raydist debug``).
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
@@ -629,6 +646,8 @@ class RunConfig:
     virtual_local_rank: bool = field(default=False, metadata=_VIRTUAL_LOCAL_RANK_FLAG)
     role: str = field(default="default", metadata=_ROLE_FLAG)
     monitor_interval: float = field(default=1.0, metadata=_MONITOR_INTERVAL_FLAG)
+    flight_recorder: bool = field(default=True, metadata=_FLIGHT_RECORDER_FLAG)
+    post_mortem: bool = field(default=False, metadata=_POST_MORTEM_FLAG)
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -717,6 +736,8 @@ def _check_combinations(config: RunConfig) -> None:
     if not isinstance(config.role, str) or not config.role.strip():
         raise TypeError(f"role must be a non-empty name, not {config.role!r}")
     _set(config, "monitor_interval", check_seconds("monitor_interval", config.monitor_interval))
+    _check_bool("flight_recorder", config.flight_recorder)
+    _check_bool("post_mortem", config.post_mortem)
 
 
 def _check_placement_options(config: RunConfig) -> None:

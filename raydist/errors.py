@@ -11,7 +11,7 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from raydist.pool.records import CallEnd
+from raydist.pool.records import CallEnd, CollectiveEntry
 from raydist.pool.rules.text import ranks_text
 
 
@@ -37,6 +37,7 @@ class WorkerFailure:
     died: Optional[str] = None  # set when the process died (killed, crashed)
     exception_type: Optional[str] = None
     output: Optional[str] = None  # the last lines a dead process wrote to stderr
+    collectives: Optional[Tuple[CollectiveEntry, ...]] = None  # its last collectives, when it failed inside one
 
     @property
     def crashed(self) -> bool:
@@ -96,6 +97,7 @@ class WorkerGroupError(RaydistError, RuntimeError):
         failures: Sequence[WorkerFailure],
         attempts: Sequence[BaseException] = (),
         preempted_nodes: Sequence[str] = (),
+        collectives: str = "",
     ):
         if not failures:
             raise ValueError("a WorkerGroupError needs at least one failure")
@@ -104,6 +106,8 @@ class WorkerGroupError(RaydistError, RuntimeError):
         self.failures: List[WorkerFailure] = sorted(failures, key=lambda f: f.rank)
         self.root_cause: WorkerFailure = root_cause(failures)
         self.attempts: Tuple[BaseException, ...] = tuple(attempts)  # earlier attempts' errors, oldest first
+        # Where every rank was in its collectives (flight recorder), when a rank failed inside one.
+        self.collectives = collectives
         super().__init__(self._message())
 
     @property
@@ -126,8 +130,17 @@ class WorkerGroupError(RaydistError, RuntimeError):
             parts.append(f"after {len(self.attempts) + 1} attempts; earlier root causes:")
             for number, attempt in enumerate(self.attempts):
                 parts.append(f"  attempt {number}: {_attempt_summary(attempt)}")
+        if self.collectives:
+            parts.append(COLLECTIVES_HEADER + "\n" + _indent(self.collectives))
         parts.append(format_failures(self.failures, root))
         return "\n".join(parts)
+
+
+COLLECTIVES_HEADER = "where the ranks were in their collectives (flight recorder):"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def _attempt_summary(error: BaseException) -> str:
@@ -149,13 +162,16 @@ class WorkerGroupClosed(RaydistError, RuntimeError):
 class WorkerGroupTimeout(RaydistError, TimeoutError):
     """The call did not finish in time; the group was torn down."""
 
-    def __init__(self, timeout: float, unfinished_ranks: Sequence[int], stacks: str = ""):
+    def __init__(self, timeout: float, unfinished_ranks: Sequence[int], stacks: str = "", collectives: str = ""):
         self.timeout = timeout
         self.unfinished_ranks: List[int] = sorted(unfinished_ranks)
         self.stacks = stacks  # where each unfinished rank was, grouped (see WorkerGroup.stacks)
+        self.collectives = collectives  # where every rank was in its collectives (flight recorder)
         message = f"timed out after {timeout:g} s; {ranks_text(self.unfinished_ranks)} had not finished"
+        if collectives:
+            message += "\n" + COLLECTIVES_HEADER + "\n" + _indent(collectives)
         if stacks:
-            message += "; where they were:\n" + stacks
+            message += "\nwhere they were:\n" + stacks
         super().__init__(message)
 
 

@@ -22,6 +22,7 @@ class WorkerEvidence:
     exit_note_path: str  # os._exit(n) writes n here first
     stack_path: str  # faulthandler writes the stacks here on STACK_SIGNAL
     preemption_path: str  # the driver writes the drain deadline here (see raydist.core.preemption)
+    diagnostics_path: str = ""  # the worker's diagnostics socket (its flight recorder, on request)
 
     @classmethod
     def for_process(cls, pid: int, scratch_dir: str) -> "WorkerEvidence":
@@ -34,6 +35,7 @@ class WorkerEvidence:
             exit_note_path=os.path.join(scratch_dir, f"exit-{pid}"),
             stack_path=os.path.join(scratch_dir, f"stacks-{pid}"),
             preemption_path=os.path.join(scratch_dir, f"preempted-{pid}"),
+            diagnostics_path=os.path.join(scratch_dir, f"diag-{pid}.sock"),
         )
 
 
@@ -70,6 +72,20 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class CollectiveEntry:
+    """One collective in a rank's flight recorder (torch's ``_dump_fr_trace``)."""
+
+    group: str  # the process group's name ("0": the default group)
+    seq: int  # collective_seq_id: the n-th collective of that group on this rank
+    op: str  # "all_reduce", "broadcast", ...
+    shapes: Tuple[Tuple[int, ...], ...]  # input sizes
+    dtypes: Tuple[str, ...]  # input dtypes, as torch names them ("float32")
+    created_ns: int  # when the rank entered it, by its own wall clock
+    completed: bool  # torch retired it: the rank left it
+    failed: bool = False  # the rank's call raised inside it (a process group timeout, a peer gone)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one rank's call ended with (raising is reported, not propagated)."""
 
@@ -79,6 +95,7 @@ class Outcome:
     exception: Optional[bytes] = None  # the pickled exception, when it pickles
     exit_code: Optional[int] = None  # sys.exit(n) with n != 0
     timestamp: float = 0.0
+    collectives: Optional[Tuple[CollectiveEntry, ...]] = None  # a failed call's last collectives, when it was in one
 
     @property
     def ok(self) -> bool:

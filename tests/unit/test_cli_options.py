@@ -62,6 +62,9 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
             "--master-port", "--local-addr", "--logs-specs",
         )
     },
+    # Added with the flight recorder and pdb on any rank.
+    ("--no-flight-recorder",): ("flight_recorder", None, "_StoreTrueAction", None),
+    ("--post-mortem",): ("post_mortem", None, "_StoreTrueAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
@@ -77,6 +80,7 @@ OLD_FLAG_OF_OPTION = {
     "num_nodes": "--nnodes", "workers_per_node": "--nproc-per-node", "label_selector": "--label-selector",
     "accelerator_type": "--accelerator-type", "exclude_nodes": "--exclude-nodes", "numa_binding": "--numa-binding",
     "virtual_local_rank": "--virtual-local-rank", "role": "--role", "monitor_interval": "--monitor-interval",
+    "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
 }
 
 
@@ -208,3 +212,11 @@ def test_parsing_imports_neither_ray_nor_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_recorder_and_post_mortem_flags() -> None:
+    parser = cli.build_parser()[0]
+    plain = cli.build_config(parser.parse_args(["run", "x.py"]))
+    assert plain.flight_recorder and not plain.post_mortem
+    flagged = cli.build_config(parser.parse_args(["run", "--no-flight-recorder", "--post-mortem", "x.py"]))
+    assert not flagged.flight_recorder and flagged.post_mortem

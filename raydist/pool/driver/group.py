@@ -20,6 +20,7 @@ import ray.cloudpickle
 
 from raydist.config import RunConfig, check_call, check_seconds, make_config
 from raydist.errors import (
+    COLLECTIVES_HEADER,
     RaydistError,
     WorkerCallCancelled,
     WorkerGroupClosed,
@@ -30,6 +31,7 @@ from raydist.errors import (
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
 from raydist.pool.driver.agents import ask_agents, explain_deaths
+from raydist.pool.driver.diagnostics import GroupDiagnostics
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
@@ -37,9 +39,9 @@ from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, WorkerInfo
-from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
+from raydist.pool.rules.stragglers import Straggler
 
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
@@ -146,9 +148,18 @@ class WorkerGroup:
         self._watcher: Optional[GroupWatcher] = None
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
-        builder = GroupBuilder(self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order)
-        self._members = builder.build()
+        self._diagnostics = GroupDiagnostics(self.config, lambda: self._members)
+        try:
+            builder = GroupBuilder(
+                self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order,
+                extra_env=dict(self._diagnostics.env()),
+            )
+            self._members = builder.build()
+        except BaseException:
+            self._diagnostics.stop()
+            raise
         self._watcher = _watch(self)
+        self._diagnostics.start()
 
     # -- what the group is -------------------------------------------------
 
@@ -234,30 +245,27 @@ class WorkerGroup:
             return output.settle(future.number, waited.results) if output is not None else waited.results
         ended = _error_for(self, end, waited, limit or 0.0, grow_by)
         ended.end = ended.end or end
-        self._stop_then_settle(future.number, waited)
+        _stop_then_settle(self, future.number, waited)
         raise ended
-
-    def _stop_then_settle(self, number: int, waited: Waited) -> None:
-        """Kill the group first (peers stuck in a collective need not wait),
-        then wait for the failed call's output: its markers are already in the files."""
-        output = self._members.output if self._members else None
-        if self._members is not None:
-            self._members.output = None
-        self.shutdown(graceful=False)
-        if output is not None:
-            output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
-            output.close()
 
     def stacks(self) -> str:
         """Where every rank is now: Python stacks grouped by location, the odd
-        ones out marked. The group keeps running."""
+        ones out marked, and where each rank is in its collectives (from the
+        flight recorders: which rank did not enter the collective the others
+        wait in, or entered another). The group keeps running."""
         self._check_usable()
-        return self._stacks_of(range(self.num_workers))
+        stacks = self._diagnostics.stacks(range(self.num_workers))
+        collectives = self._diagnostics.collectives({})
+        return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
 
-    def _stacks_of(self, ranks: Sequence[int]) -> str:
-        agents = self._members.agents if self._members else {}
-        found = ask_agents(agents, self.workers, list(ranks), "stacks")
-        return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
+    def stragglers(self, refresh: bool = False) -> List[Straggler]:
+        """The ranks that reach collectives consistently later than the others
+        (over the last collectives the flight recorders hold), as of the last
+        look (every 0.5 s; ``refresh``: look now); [] on an even run or with
+        ``flight_recorder=False``."""
+        if refresh:
+            self._check_usable()
+        return self._diagnostics.stragglers(refresh)
 
     def _check_usable(self) -> None:
         self._check_session()
@@ -284,6 +292,8 @@ class WorkerGroup:
             first, self._closed = not self._closed, True
         if self._watcher is not None:
             self._watcher.stop()  # kept: what it saw explains the failure
+        if getattr(self, "_diagnostics", None) is not None:
+            self._diagnostics.stop()
         members = self._members
         if members is not None and connected_session() == self._session:
             release(members, graceful and first)
@@ -306,6 +316,18 @@ class WorkerGroup:
                 pass
 
 
+def _stop_then_settle(group: WorkerGroup, number: int, waited: Waited) -> None:
+    """Kill the group first (peers stuck in a collective need not wait),
+    then wait for the failed call's output: its markers are already in the files."""
+    output = group._members.output if group._members else None
+    if group._members is not None:
+        group._members.output = None
+    group.shutdown(graceful=False)
+    if output is not None:
+        output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        output.close()
+
+
 def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
     """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
     if end is CallEnd.CANCELLED:
@@ -315,12 +337,16 @@ def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, g
     if end is CallEnd.SHUT_DOWN:
         return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
     if end is CallEnd.TIMED_OUT:
-        return WorkerGroupTimeout(limit, waited.pending, group._stacks_of(waited.pending))
+        return WorkerGroupTimeout(limit, waited.pending, group._diagnostics.stacks(waited.pending), group._diagnostics.collectives({}))
     failures = waited.failures
     if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
         failures = explain_deaths(failures, group.workers, group._members.agents if group._members else {})
     drained = group.drained_nodes
-    error = WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
+    known = {f.rank: f.collectives for f in failures if f.collectives}
+    collectives = group._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
+    error = WorkerGroupError(
+        failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}), collectives=collectives
+    )
     error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
     return error
 

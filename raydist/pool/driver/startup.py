@@ -106,8 +106,10 @@ class GroupBuilder:
         router: Optional[OutputRouter],
         restart_count: int = 0,
         node_order: Sequence[str] = (),
+        extra_env: Optional[Dict[str, str]] = None,
     ):
         self.config = config
+        self._extra_env = dict(extra_env or {})  # for every rank (the debug relay's address)
         self._hooks = hooks
         self._logs = logs
         self._router = router
@@ -211,7 +213,7 @@ class GroupBuilder:
                     config=config,
                     accelerator=members.accelerator,
                     cpus=members.bundle.get("CPU", 1),
-                    extra={**backend_env, **output_env},
+                    extra={**self._extra_env, **backend_env, **output_env},
                 ),
                 config=config,
                 device_type=members.accelerator.device_type,

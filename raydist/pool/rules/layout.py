@@ -26,6 +26,10 @@ from raydist.core.environment import DEVICE_INDEX_VAR, torchrun_env
 from raydist.core.preemption import PREEMPTION_FILE_VAR
 from raydist.pool.records import Placement, WorkerInfo
 
+# torch's flight recorder: this many entries per worker, unless the user set a size.
+RECORDER_BUFFER_VAR = "TORCH_FR_BUFFER_SIZE"
+RECORDER_ENTRIES = 64
+
 if TYPE_CHECKING:
     from raydist.config import RunConfig
 
@@ -137,6 +141,9 @@ def worker_env(
     env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
         tempfile.gettempdir(), "raydist-errors", run_id, f"attempt_{restart_count}", str(worker.rank), "error.json"
     )
+    # Read when the process group starts; a dump reads the whole buffer (~15 us an entry).
+    own_size = os.environ.get(RECORDER_BUFFER_VAR) or str(RECORDER_ENTRIES)
+    env[RECORDER_BUFFER_VAR] = own_size if config.flight_recorder else "0"
     env.update(extra)
     env.update(config.env)
     return env

@@ -31,6 +31,7 @@ def rank_failure(
         exit_code=outcome.exit_code if outcome else None,
         died=died,
         exception_type=outcome.exception_type if outcome else None,
+        collectives=outcome.collectives if outcome else None,
     )
 
 

@@ -17,8 +17,11 @@ import ray.cloudpickle
 
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
+from raydist.pool.rules.hangs import mark_failed, needs_attribution
+from raydist.pool.worker import debugger
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
+from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 
 # The driver imports this module to define the actor; torch (the core) is
 # imported only inside the actor's methods, so a driver never loads it.
@@ -72,6 +75,15 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
+def _raised_in_collective(error: BaseException) -> bool:
+    """The error came out of a torch.distributed call (its innermost frames are torch's)."""
+    tb, files = error.__traceback__, []
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any(os.path.join("torch", "distributed") in name for name in files[-3:])
+
+
 class RayWorker:
     """One rank. Created inside its placement-group bundle by WorkerGroup."""
 
@@ -79,6 +91,7 @@ class RayWorker:
         self._accelerator_resource = accelerator_resource
         self._worker: Optional[WorkerInfo] = None
         self._returned_type = ""  # of the last value returned, named if it cannot travel
+        self._post_mortem = False
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -88,6 +101,7 @@ class RayWorker:
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
         leave_evidence(evidence)
+        serve_diagnostics(evidence.diagnostics_path)  # answers while a collective blocks the call
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -109,6 +123,8 @@ class RayWorker:
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={spec.worker.rank}", file=stream, flush=True)
         os.environ.update(spec.env)
+        debugger.install()  # breakpoint() opens pdb in the driver's terminal, not Ray's debugpy hook
+        self._post_mortem = spec.config.post_mortem
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             # torch's @record writes the file but does not create its directory.
             os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
@@ -147,16 +163,27 @@ class RayWorker:
             code = _exit_code(stop.code)
             return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
         except BaseException as error:  # noqa: B036 - report everything, the driver decides
-            try:
-                pickled: Optional[bytes] = ray.cloudpickle.dumps(error)
-            except Exception:
-                pickled = None
-            return Outcome(
-                traceback=_error_file_report(started) or _user_traceback(error),
-                exception_type=type(error).__name__,
-                exception=pickled,
-                timestamp=time.time(),
-            )
+            return self._failed(error, started)
+
+    def _failed(self, error: BaseException, started: float) -> Outcome:
+        """The Outcome of a call that raised: its traceback, and its last
+        collectives when it raised inside one (a process group timeout)."""
+        collectives = recent_collectives()
+        if collectives and _raised_in_collective(error):
+            collectives = mark_failed(collectives)
+        if self._post_mortem and not isinstance(error, debugger.QUIT_ERRORS):
+            debugger.post_mortem(error)  # the rank stays here until its pdb session ends
+        try:
+            pickled: Optional[bytes] = ray.cloudpickle.dumps(error)
+        except Exception:
+            pickled = None
+        return Outcome(
+            traceback=_error_file_report(started) or _user_traceback(error),
+            exception_type=type(error).__name__,
+            exception=pickled,
+            timestamp=time.time(),
+            collectives=collectives if needs_attribution(collectives) else None,
+        )
 
     def ping(self) -> int:
         return os.getpid()

@@ -1,5 +1,6 @@
 """The evidence a worker process leaves on its node, and the small agent
-that reads it there.
+that reads it there (and, through a worker's diagnostics socket, its flight
+recorder).
 
 Ray reports a dead worker with the same text however it died, and a hung
 rank cannot answer calls. Each worker therefore leaves evidence on its node
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import faulthandler
 import os
+from concurrent.futures import ThreadPoolExecutor
 import re
 import signal
 import time
 from typing import Dict, List, Optional, Tuple
 
-from raydist.pool.records import WorkerEvidence
+from raydist.pool.records import CollectiveEntry, WorkerEvidence
+from raydist.pool.worker.recorder import ask_worker
 
 # The signal that makes a worker write every thread's Python stack.
 STACK_SIGNAL = signal.SIGUSR2
@@ -136,6 +139,16 @@ class NodeAgent:
 
     def stacks(self, requests: List[Tuple[int, int, WorkerEvidence]]) -> Dict[int, Optional[str]]:
         return {rank: dump_stack(pid, evidence.stack_path) for rank, pid, evidence in requests}
+
+    def collectives(self, requests: List[Tuple[int, int, WorkerEvidence]]) -> Dict[int, Optional[List[CollectiveEntry]]]:
+        """Each rank's last recorded collectives, asked in parallel (a stuck rank answers from its own thread)."""
+        with ThreadPoolExecutor(max_workers=min(16, len(requests) or 1)) as pool:
+            replies = pool.map(lambda request: ask_worker(request[2].diagnostics_path), requests)
+            return {rank: reply for (rank, _, _), reply in zip(requests, replies)}
+
+    def clock(self) -> int:
+        """This node's wall clock (ns), to put the ranks' recorder times on the driver's clock."""
+        return time.time_ns()
 
     def preempt(self, requests: List[Tuple[int, int, WorkerEvidence]], deadline: float, signal_name: Optional[str]) -> Dict[int, bool]:
         return {rank: warn_of_preemption(pid, evidence, deadline, signal_name) for rank, pid, evidence in requests}

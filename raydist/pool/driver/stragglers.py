@@ -1,0 +1,110 @@
+"""``StragglerWatch``: the thread that reads the ranks' flight recorders while
+a group lives and names a rank that reaches collectives consistently late
+(the rule is ``raydist.pool.rules.stragglers``).
+
+The calls themselves carry nothing extra: every ``POLL_INTERVAL_S`` the
+watch asks each node's agent, which asks its workers' diagnostics threads
+(about 1 ms per rank, off the training thread's GIL-free collective waits).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import ray
+
+from raydist.pool.records import CollectiveEntry, WorkerInfo
+from raydist.pool.rules.stragglers import Straggler, find_stragglers
+
+logger = logging.getLogger("raydist")
+
+POLL_INTERVAL_S = 0.5
+REPORT_EVERY_S = 300.0  # a rank still late is named again after this long
+KEPT_ENTRIES = 128  # per rank, across polls
+CLOCK_SAMPLES = 3
+
+
+class StragglerWatch:
+    """Polls the ranks' recorders; ``stragglers`` is the latest verdict."""
+
+    def __init__(self, workers: Sequence[WorkerInfo], agents: Mapping[str, Any], interval: float = POLL_INTERVAL_S):
+        self._workers = list(workers)
+        self._agents = dict(agents)
+        self._interval = interval
+        self._history: Dict[int, Dict[Tuple[str, int], CollectiveEntry]] = {w.rank: {} for w in self._workers}
+        self._offsets: Dict[int, int] = {}
+        self._named_at: Dict[int, float] = {}
+        self.stragglers: List[Straggler] = []
+        self.first_named: Dict[int, Straggler] = {}  # each rank's verdict when it was first named
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raydist-straggler-watch", daemon=True)
+
+    def start(self) -> "StragglerWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            self._offsets = self._clock_offsets()
+        except Exception as error:  # noqa: BLE001 - without offsets, one node's clock is assumed
+            logger.debug("raydist: straggler watch could not read the nodes' clocks: %s", error)
+        while not self._stop.wait(self._interval):
+            if not ray.is_initialized():
+                return
+            try:
+                self.poll()
+            except Exception as error:  # noqa: BLE001 - a watch must not die of one bad poll
+                if self._stop.is_set():
+                    return
+                logger.debug("raydist: straggler poll failed: %s", error)
+
+    def poll(self) -> List[Straggler]:
+        """Read every rank's recorder once, update the verdict, name new stragglers."""
+        from raydist.pool.driver.agents import ask_agents
+
+        found = ask_agents(self._agents, self._workers, [w.rank for w in self._workers], "collectives", timeout=5.0)
+        for rank, entries in found.items():
+            kept = self._history[rank]
+            for entry in entries or ():  # type: ignore[attr-defined]
+                kept[(entry.group, entry.seq)] = entry
+            for key in sorted(kept, key=lambda k: kept[k].created_ns)[:-KEPT_ENTRIES]:
+                del kept[key]
+        verdict = find_stragglers({r: list(h.values()) for r, h in self._history.items()}, self._offsets)
+        self.stragglers = verdict
+        for straggler in verdict:
+            self._name(straggler)
+        return verdict
+
+    def _name(self, straggler: Straggler) -> None:
+        now = time.monotonic()
+        last = self._named_at.get(straggler.rank)
+        self.first_named.setdefault(straggler.rank, straggler)
+        if last is not None and now - last < REPORT_EVERY_S:
+            return
+        self._named_at[straggler.rank] = now
+        worker = self._workers[straggler.rank]
+        logger.warning("raydist: %s", straggler.line(f"node {worker.node_id[:12]} ({worker.node_ip})"))
+
+    def _clock_offsets(self) -> Dict[int, int]:
+        """Each rank's clock minus the driver's (ns), per node, from the
+        fastest of a few round trips to its agent; 0 on the driver's node."""
+        here = ray.get_runtime_context().get_node_id()
+        by_node: Dict[str, int] = {}
+        for node, agent in self._agents.items():
+            if node == here:
+                by_node[node] = 0
+                continue
+            samples = []
+            for _ in range(CLOCK_SAMPLES):
+                sent = time.time_ns()
+                remote = ray.get(agent.clock.remote(), timeout=5.0)
+                back = time.time_ns()
+                samples.append((back - sent, remote - (sent + back) // 2))
+            by_node[node] = min(samples)[1]
+        return {w.rank: by_node.get(w.node_id, 0) for w in self._workers}

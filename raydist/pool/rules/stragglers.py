@@ -1,0 +1,94 @@
+"""A pure rule that names the rank that drags every step: from the ranks'
+flight recorders, the rank that enters collectives consistently later than
+the others (every rank then waits for it inside the collective).
+
+A rank's lateness at one collective is when it entered it minus the median
+of when the other ranks entered it, on one clock (``offsets_ns`` moves each
+rank's wall clock onto the driver's). A rank is named when it is late by at
+least ``min_late_s`` in ``share`` of the last ``window`` collectives that
+every rank recorded, with at least ``min_samples`` of them; one late
+collective (a checkpoint, a page fault) names no one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from raydist.pool.records import CollectiveEntry
+
+WINDOW = 20  # collectives looked at
+MIN_SAMPLES = 8  # the fewest common collectives a verdict needs
+MIN_LATE_S = 0.010  # lateness below this is scheduling noise
+SHARE = 0.8  # late in at least this share of the window
+
+_Key = Tuple[str, int]  # (process group, sequence number)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank that reaches collectives later than the others."""
+
+    rank: int
+    late_s: float  # median lateness over the window, in seconds
+    collectives: int  # how many collectives the verdict rests on
+    last_seq: int  # the sequence number of the window's last collective
+
+    def line(self, where: str = "") -> str:
+        at = f" on {where}" if where else ""
+        return (
+            f"rank {self.rank}{at} reaches collectives {self.late_s * 1e3:.0f} ms after the others, "
+            f"over the last {self.collectives} collectives"
+        )
+
+
+def _entered(
+    recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Optional[Mapping[int, int]]
+) -> Dict[_Key, Dict[int, int]]:
+    """When each rank entered each collective that every rank recorded (on one clock)."""
+    offsets = offsets_ns or {}
+    entered: Dict[_Key, Dict[int, int]] = {}
+    for rank, entries in recorders.items():
+        for entry in entries:
+            entered.setdefault((entry.group, entry.seq), {})[rank] = entry.created_ns - offsets.get(rank, 0)
+    ranks = set(recorders)
+    return {key: times for key, times in entered.items() if set(times) == ranks and len(ranks) >= 2}
+
+
+def lateness(
+    recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Optional[Mapping[int, int]] = None
+) -> Dict[_Key, Dict[int, float]]:
+    """Per collective every rank recorded: each rank's lateness in seconds."""
+    late: Dict[_Key, Dict[int, float]] = {}
+    for key, times in _entered(recorders, offsets_ns).items():
+        late[key] = {
+            rank: (time - statistics.median(t for r, t in times.items() if r != rank)) / 1e9
+            for rank, time in times.items()
+        }
+    return late
+
+
+def find_stragglers(
+    recorders: Mapping[int, Sequence[CollectiveEntry]],
+    offsets_ns: Optional[Mapping[int, int]] = None,
+    *,
+    window: int = WINDOW,
+    min_samples: int = MIN_SAMPLES,
+    min_late_s: float = MIN_LATE_S,
+    share: float = SHARE,
+) -> List[Straggler]:
+    """The ranks consistently late over the last ``window`` common collectives."""
+    late = lateness(recorders, offsets_ns)
+    entered = _entered(recorders, offsets_ns)
+    # Ordered by when they happened (the median entry time), across process groups.
+    keys = sorted(late, key=lambda key: (statistics.median(entered[key].values()), key))[-window:]
+    if len(keys) < min_samples:
+        return []
+    found = []
+    for rank in sorted(recorders):
+        values = [late[key][rank] for key in keys]
+        if sum(value >= min_late_s for value in values) >= share * len(values):
+            found.append(Straggler(rank, statistics.median(values), len(keys), keys[-1][1]))
+    return found
+

@@ -1,0 +1,112 @@
+"""Where a hang diverged: the ranks' flight recorders read on `timeout=`, on
+group.stacks() and when the process group's own timeout fires, for
+raydist.run and for `raydist run` scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import live_placement_groups, live_raydist_actors
+
+import raydist
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+QUARTER_CPU = {"CPU": 0.5}  # 4 ranks on the 4-CPU local Ray
+SKIPPED = "ranks 0-1, 3: waiting in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
+
+
+def rank_two_skips_the_sixth(instead: str = "") -> None:
+    """Six all_reduces; rank 2 skips the sixth (or calls ``instead``)."""
+    t = torch.ones(1)
+    for step in range(1, 7):
+        if dist.get_rank() == 2 and step == 6:
+            if instead == "broadcast":
+                dist.broadcast(t, 0)
+            return
+        dist.all_reduce(t)
+
+
+def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numbers() -> None:
+    with pytest.raises(raydist.WorkerGroupTimeout) as caught:
+        raydist.run(rank_two_skips_the_sixth, num_workers=4, timeout=8, resources_per_worker=QUARTER_CPU)
+    assert caught.value.collectives == SKIPPED
+    assert SKIPPED in str(caught.value) and "in all_reduce at distributed_c10d.py" in str(caught.value)
+    assert live_raydist_actors() == [] and live_placement_groups() == []
+
+
+def test_a_different_op_at_the_same_sequence_number_is_named_as_a_mismatch() -> None:
+    with pytest.raises(raydist.WorkerGroupTimeout) as caught:
+        raydist.run(rank_two_skips_the_sixth, args=("broadcast",), num_workers=4, timeout=8, resources_per_worker=QUARTER_CPU)
+    assert "mismatch: rank 2 entered broadcast #6, the others all_reduce #6" in caught.value.collectives, str(caught.value)
+
+
+def test_a_process_group_timeout_reports_where_each_rank_was() -> None:
+    with pytest.raises(raydist.WorkerGroupError) as caught:
+        raydist.run(rank_two_skips_the_sixth, num_workers=4, pg_timeout=3, resources_per_worker=QUARTER_CPU)
+    expected = "failed in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
+    assert caught.value.collectives.endswith(expected), str(caught.value)
+    assert expected in str(caught.value)
+    assert live_raydist_actors() == []
+
+
+def rank_one_waits_outside() -> None:
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        threading.Event().wait()
+    dist.all_reduce(t)
+
+
+def test_stacks_of_a_live_group_say_where_the_collectives_diverged() -> None:
+    with raydist.WorkerGroup(2, resources_per_worker=QUARTER_CPU) as group:
+        future = group.submit(rank_one_waits_outside)
+        expected = "rank 0: waiting in all_reduce #2 (float32 [1]); rank 1: last completed all_reduce #1, not in a collective"
+        text = group.stacks()
+        for _ in range(50):  # rank 0 may not have entered its second all_reduce yet
+            if expected in text:
+                break
+            text = group.stacks()
+        assert expected in text, text
+        assert not future.done()
+        future.cancel()
+
+
+def test_flight_recorder_off_reports_no_collectives() -> None:
+    with pytest.raises(raydist.WorkerGroupTimeout) as caught:
+        raydist.run(rank_two_skips_the_sixth, num_workers=4, timeout=8, resources_per_worker=QUARTER_CPU, flight_recorder=False)
+    assert caught.value.collectives == ""
+    assert "ranks 0-1, 3: in all_reduce" in caught.value.stacks
+
+
+SCRIPT = """
+import threading
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for step in range(1, 7):
+    if dist.get_rank() == 2 and step == 6:
+        threading.Event().wait()  # rank 2 skips the sixth and waits elsewhere
+    dist.all_reduce(t)
+"""
+
+
+def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None:
+    script = tmp_path / "skip.py"
+    script.write_text(SCRIPT)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
+         "--timeout", "10", str(script)],
+        env=env, capture_output=True, text=True, timeout=200,
+    )
+    assert done.returncode == 1
+    assert SKIPPED in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,63 @@
+"""The rank that drags every step, from made-up flight-recorder timestamps."""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, List
+
+from raydist.pool.records import CollectiveEntry
+from raydist.pool.rules.stragglers import Straggler, find_stragglers, lateness
+
+STEP_NS = 60_000_000
+
+
+def record(ranks: int, steps: int, late_ns: Dict[int, int], jitter_ns: int = 0, seed: int = 0) -> Dict[int, List[CollectiveEntry]]:
+    """Each rank's entry time of ``steps`` all_reduces: the step start, plus its own delay and noise."""
+    rng = random.Random(seed)
+    return {
+        rank: [
+            CollectiveEntry("0", seq, "all_reduce", ((1,),), ("float32",), seq * STEP_NS + late_ns.get(rank, 0) + rng.randint(0, jitter_ns), True)
+            for seq in range(1, steps + 1)
+        ]
+        for rank in range(ranks)
+    }
+
+
+def test_a_rank_50_ms_late_every_step_is_named() -> None:
+    found = find_stragglers(record(2, 20, {1: 50_000_000}, jitter_ns=2_000_000))
+    assert [s.rank for s in found] == [1]
+    assert 0.045 < found[0].late_s < 0.055
+    assert found[0].collectives == 20 and found[0].last_seq == 20
+    assert found[0].line("node ab12 (10.0.0.2)") == "rank 1 on node ab12 (10.0.0.2) reaches collectives 50 ms after the others, over the last 20 collectives"
+
+
+def test_named_from_a_few_steps_but_not_from_fewer() -> None:
+    assert find_stragglers(record(4, 8, {2: 50_000_000}))[0].rank == 2
+    assert find_stragglers(record(4, 7, {2: 50_000_000})) == []
+
+
+def test_an_even_run_names_no_one() -> None:
+    for seed in range(20):
+        assert find_stragglers(record(2, 200, {}, jitter_ns=8_000_000, seed=seed)) == []
+        assert find_stragglers(record(8, 200, {}, jitter_ns=8_000_000, seed=seed)) == []
+
+
+def test_one_slow_step_names_no_one() -> None:
+    recorders = record(2, 20, {})
+    recorders[1][10] = CollectiveEntry("0", 11, "all_reduce", ((1,),), ("float32",), 11 * STEP_NS + 900_000_000, True)
+    assert find_stragglers(recorders) == []
+
+
+def test_clock_offsets_are_taken_out() -> None:
+    # Rank 1's clock runs 200 ms ahead: not a straggler once the offset is known.
+    skewed = record(2, 20, {1: 200_000_000})
+    assert [s.rank for s in find_stragglers(skewed)] == [1]
+    assert find_stragglers(skewed, {1: 200_000_000}) == []
+
+
+def test_only_collectives_every_rank_recorded_count() -> None:
+    recorders = record(3, 20, {})
+    recorders[2] = recorders[2][:5]  # its buffer was read earlier
+    assert len(lateness(recorders)) == 5
+    assert find_stragglers(recorders) == []
+    assert isinstance(find_stragglers(record(2, 10, {0: 30_000_000}))[0], Straggler)
