@@ -30,6 +30,10 @@ from raydist.core.accelerators import (
 from raydist.core.backend import TORCH_BACKEND, backend_entry, reserved_env
 
 PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# "warm": a restart keeps the surviving workers' processes; "fresh": every attempt in new processes.
+RESTART_MODES: Tuple[str, ...] = ("warm", "fresh")
+# What `raydist run` uses unless --restart-mode says otherwise: torchrun's semantics.
+CLI_RESTART_MODE = "fresh"
 # Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
 # broadcast, 1-2 MB for all-gather (benchmarks/collectives.py).
 DEFAULT_OBJECT_STORE_THRESHOLD = 4 << 20
@@ -353,6 +357,17 @@ class RunConfig:
     preemption_signal: the signal ranks on a draining node get at once (their
         code reads the deadline with ``raydist.preemption_requested()``);
         None: no signal, only the deadline.
+    restart_mode: "warm" (the default): a restart keeps the surviving
+        workers' processes (their process group destroyed and initialised
+        again with the new ranks) and starts processes only for the dead;
+        "fresh": every attempt in new processes, as torchrun does (the
+        default of ``raydist run``).
+    spare_workers: extra workers placed and started ahead of time (torch
+        imported, device pinned), outside the world; a dead rank's place
+        goes to one at once, and a used spare is replaced in the background.
+    survivor_timeout: seconds a surviving worker's call may take to return
+        after a failure before a warm restart kills it and starts a new
+        process in its place.
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(
@@ -424,8 +439,9 @@ class RunConfig:
         default=0,
         metadata=cli(
             "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
-            help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
-            "group on fresh workers and rerun the script, up to K times, as torchrun does "
+            help="after a failure (a rank raises, exits non-zero or dies), restart the "
+            "group and rerun the script, up to K times, as torchrun does (in fresh processes "
+            "unless --restart-mode warm) "
             "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
         ),
     )
@@ -502,6 +518,33 @@ class RunConfig:
             "'none' for no signal (default: {default})",
         ),
     )
+    restart_mode: str = field(
+        default="warm",
+        metadata=cli(
+            "--restart-mode", parse=str.lower, choices=RESTART_MODES, metavar="MODE",
+            help="warm: a restart keeps the surviving workers' processes (the process group is destroyed "
+            "and the script runs again as __main__ in them; modules it imported stay imported) and "
+            f"starts new ones only for the dead; fresh: every attempt in new processes, as torchrun "
+            f"does (default for raydist run: {CLI_RESTART_MODE})",
+        ),
+    )
+    spare_workers: int = field(
+        default=0,
+        metadata=cli(
+            "--spare-workers", parse=parse_int, metavar="K",
+            help="start K extra workers ahead of time (placed, torch imported), outside the world; a "
+            "dead rank's place goes to one of them at once (with --restart-mode warm) and a used one "
+            "is replaced in the background (default {default})",
+        ),
+    )
+    survivor_timeout: float = field(
+        default=10.0,
+        metadata=cli(
+            "--survivor-timeout", parse=parse_seconds, metavar="SECONDS",
+            help="in a warm restart, how long a surviving worker may take to return from the failed "
+            "attempt before it is killed and replaced by a new process (default {default:g})",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._check_num_workers()
@@ -539,6 +582,15 @@ class RunConfig:
             raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
         if self.preemption_signal is not None:
             self._set("preemption_signal", _check_signal(self.preemption_signal))
+        self._set("restart_mode", _check_choice("restart_mode", self.restart_mode, RESTART_MODES))
+        _check_int("spare_workers", self.spare_workers, 0)
+        if self.spare_workers and not self.warm_restarts:
+            raise ValueError("spare_workers take dead ranks' places in warm restarts: they need restart_mode='warm'")
+        self._set("survivor_timeout", check_seconds("survivor_timeout", self.survivor_timeout))
+
+    @property
+    def warm_restarts(self) -> bool:
+        return self.restart_mode == "warm"
 
     def _check_num_workers(self) -> None:
         value = self.num_workers

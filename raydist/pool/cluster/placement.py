@@ -15,7 +15,7 @@ from raydist.pool.cluster import ray_private
 from raydist.pool.rules.sizing import elastic_size, workers_that_fit
 from raydist.errors import InfeasibleResourcesError
 from raydist.pool.records import ClusterNode
-from raydist.pool.rules.sizing import infeasibility
+from raydist.pool.rules.sizing import infeasibility, spares_text
 from raydist.pool.rules.text import fmt_resources, per_node_text
 
 
@@ -38,16 +38,18 @@ def reserve(
     sizes: Tuple[int, int],
     strategy: str,
     startup_timeout: float,
+    spares: int = 0,
 ) -> Tuple[PlacementGroup, int]:
     """A placed placement group of ``bundle`` x n, and n.
 
     ``sizes`` is (min, max) workers: with min < max, n is as many as fit now
     (up to max) once at least min fit. Raises InfeasibleResourcesError at
     once when the cluster can never host min (and no autoscaler can grow
-    it), or after ``startup_timeout`` seconds.
+    it), or after ``startup_timeout`` seconds. ``spares`` of the workers
+    are spare workers (named so in messages).
     """
     min_workers, max_workers = sizes
-    reason = infeasibility(bundle, min_workers, strategy, usable_nodes())
+    reason = infeasibility(bundle, min_workers, strategy, usable_nodes(), spares)
     if reason is not None and not ray_private.cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
     deadline = time.monotonic() + startup_timeout
@@ -67,7 +69,7 @@ def reserve(
                     return pg, size
                 remove_placement_group(pg)
             if time.monotonic() >= deadline:
-                raise InfeasibleResourcesError(_gave_up(bundle, sizes, strategy, startup_timeout))
+                raise InfeasibleResourcesError(_gave_up(bundle, sizes, strategy, startup_timeout, spares))
             bar.set_postfix_str(f"waiting for room for {min_workers} of {fmt_resources(bundle)}; free: {fmt_resources(_free(bundle))}")
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # polling the cluster, with a deadline
 
@@ -117,8 +119,8 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: in
         bar.set_postfix_str(f"waiting for {fmt_resources(bundle)} x {size}; free: {fmt_resources(_free(bundle))}")
 
 
-def _gave_up(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str, startup_timeout: float) -> str:
-    count = str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}"
+def _gave_up(bundle: Mapping[str, float], sizes: Tuple[int, int], strategy: str, startup_timeout: float, spares: int = 0) -> str:
+    count = (str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}") + spares_text(sizes[0], spares)
     totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in alive_nodes()]
     return (
         f"gave up after {startup_timeout:g} s waiting for {count} workers of {fmt_resources(bundle)} each "

@@ -10,33 +10,28 @@ killed, not waited for) and raises the error for that ending.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import ray
-import ray.cloudpickle
 
-from raydist.config import RunConfig, check_call, check_seconds, make_config
-from raydist.errors import (
-    RaydistError,
-    WorkerCallCancelled,
-    WorkerGroupClosed,
-    WorkerGroupError,
-    WorkerGroupStopped,
-    WorkerGroupTimeout,
-)
+from raydist.config import RunConfig, make_config
+from raydist.errors import RaydistError, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
-from raydist.pool.driver.agents import ask_agents, explain_deaths
+from raydist.pool.driver.agents import ask_agents
+from raydist.pool.driver.calls import INLINE_CALL_BYTES, WorkerFuture, error_for, prepare_call
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
+from raydist.pool.driver.restart import restart_group
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, WorkerInfo
+from raydist.pool.records import CallEnd, Placement, WorkerInfo
 from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
@@ -44,76 +39,9 @@ from raydist.pool.rules.policy import classify_end
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call"]
+__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call", "INLINE_CALL_BYTES"]
 
-# Calls up to this size travel inside each actor task (no object-store round trip).
-INLINE_CALL_BYTES = 64 * 1024
-
-
-def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
-    """Check a call and pickle it once for every rank (and every attempt);
-    TypeError naming the part that cannot run on a worker."""
-    args, kwargs = check_call(fn, args, kwargs)
-    try:
-        return ray.cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
-    except Exception as error:
-        parts = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
-        parts += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
-        for name, part in parts:
-            try:
-                ray.cloudpickle.dumps(part)
-            except Exception as part_error:
-                raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
-        raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
-
-
-class WorkerFuture:
-    """The pending result of ``WorkerGroup.submit``: one value per rank.
-
-    Like ``concurrent.futures.Future``: ``result(timeout)`` raises
-    ``TimeoutError`` and leaves the call running; the group's own
-    ``timeout`` option is what tears a call down."""
-
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int):
-        self._group = group
-        self.refs, self.actors, self.number = refs, actors, number
-        limit = group.config.timeout
-        self.deadline = None if limit is None else time.monotonic() + limit  # the group's timeout
-        self._result: Optional[List[Any]] = None
-        self._error: Optional[BaseException] = None
-
-    def done(self) -> bool:
-        if self._result is not None or self._error is not None:
-            return True
-        self._group._check_session()
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        return len(ready) == len(self.refs)
-
-    def result(self, timeout: Optional[float] = None) -> List[Any]:
-        """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
-        (tearing the group down) if a rank fails or the group's timeout runs
-        out, WorkerCallCancelled after ``cancel``, and TimeoutError (the call
-        runs on) when ``timeout`` passes first. Asking again gives the same answer."""
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            wait = None if timeout is None else check_seconds("timeout", timeout)
-            try:
-                self._result = self._group._finish(self, wait)
-            except RaydistError as error:
-                self._error = error
-                raise
-        return self._result
-
-    def cancel(self) -> bool:
-        """Stop the call by tearing the group down (a rank cannot leave a
-        collective alone). Returns False if it had already finished."""
-        if self.done():
-            return False
-        self._group._cancelled = True
-        self._group.shutdown(graceful=False)
-        return True
-
+logger = logging.getLogger("raydist")
 
 class WorkerGroup:
     """A pool of Ray actors, one per rank, kept alive across calls.
@@ -121,7 +49,9 @@ class WorkerGroup:
     ``WorkerGroup(4, backend="gloo")`` or ``WorkerGroup(config=RunConfig(...))``:
     the keyword options are ``raydist.RunConfig``'s fields. Use as a context
     manager; ``run`` and ``submit`` execute a function on every rank with
-    torch.distributed already initialised, from any number of threads.
+    torch.distributed already initialised, from any number of threads. With
+    warm restarts, a failure that ``raydist.run`` would restart after still
+    raises, but the group has replaced its dead ranks in place first.
     """
 
     def __init__(
@@ -132,6 +62,7 @@ class WorkerGroup:
         restart_count: int = 0,
         logs: Optional[RunLogs] = None,
         node_order: Sequence[str] = (),
+        restarts_used: int = 0,
         **options: Any,
     ):
         if num_workers is not None:
@@ -144,10 +75,12 @@ class WorkerGroup:
         self._closed = self._cancelled = False
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
+        self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
-        builder = GroupBuilder(self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order)
-        self._members = builder.build()
+        logs = logs or RunLogs(self.config)
+        self._builder = GroupBuilder(self.config, hooks, logs, _router(self.config), restart_count, node_order)
+        self._members = self._builder.build()
         self._watcher = _watch(self)
 
     # -- what the group is -------------------------------------------------
@@ -167,8 +100,23 @@ class WorkerGroup:
         return len(self.workers)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def restart_count(self) -> int:
+        """The attempt the group runs (TORCHELASTIC_RESTART_COUNT); a warm restart raises it."""
+        return self._builder.restart_count
+
+    @property
+    def spares(self) -> List[Placement]:
+        """Where each ready spare worker runs (node, pid, devices); not in the world."""
+        pool = self._members.spares if self._members else None
+        return [spare.placement for spare in pool.ready] if pool is not None else []
+
+    @property
     def held_resources(self) -> Dict[str, Dict[str, float]]:
-        """What the group's workers hold on each node (node id -> amounts)."""
+        """What the group's workers and spares hold on each node (node id -> amounts)."""
         return self._members.held_resources() if self._members else {}
 
     @property
@@ -199,11 +147,7 @@ class WorkerGroup:
         return WorkerFuture(self, refs, actors, number)
 
     def run(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: Optional[Mapping[str, Any]] = None,
-        timeout: Optional[float] = None,
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
     ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; the return values ordered by rank.
 
@@ -211,7 +155,7 @@ class WorkerGroup:
         return self.submit(fn, args, kwargs).result(timeout)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
-        """Wait for ``future``'s ranks; the values, or tear down and raise for how it ended."""
+        """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
         self._check_session()
         group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
         limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
@@ -232,39 +176,18 @@ class WorkerGroup:
         if end is CallEnd.FINISHED:
             output = self._members.output if self._members else None
             return output.settle(future.number, waited.results) if output is not None else waited.results
-        error = self._error_for(end, waited, limit or 0.0, grow_by)
+        error = error_for(self, end, waited, limit or 0.0, grow_by)
         error.end = error.end or end
-        self._stop_then_settle(future.number, waited)
+        if not self._restart_in_place(error, future, waited):
+            _stop_then_settle(self, future.number, waited)
         raise error
 
-    def _error_for(self, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
-        """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
-        if end is CallEnd.CANCELLED:
-            return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
-        if end is CallEnd.GROW:
-            return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
-        if end is CallEnd.SHUT_DOWN:
-            return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
-        if end is CallEnd.TIMED_OUT:
-            return WorkerGroupTimeout(limit, waited.pending, self._stacks_of(waited.pending))
-        failures = waited.failures
-        if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
-            failures = explain_deaths(failures, self.workers, self._members.agents if self._members else {})
-        drained = self.drained_nodes
-        error = WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
-        error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
-        return error
-
-    def _stop_then_settle(self, number: int, waited: Waited) -> None:
-        """Kill the group first (peers stuck in a collective need not wait),
-        then wait for the failed call's output: its markers are already in the files."""
-        output = self._members.output if self._members else None
-        if self._members is not None:
-            self._members.output = None
-        self.shutdown(graceful=False)
-        if output is not None:
-            output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
-            output.close()
+    def _restart_in_place(self, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
+        """Warm restarts: keep the survivors and replace the rest when the
+        restart policy says so (see ``restart_group``); False: tear down instead."""
+        if not self.config.warm_restarts or self._members is None or future.number != self._calls - 1:
+            return False  # an older call's failure: a newer one is queued behind it
+        return restart_group(self, error, future, waited, _watch)
 
     def stacks(self) -> str:
         """Where every rank is now: Python stacks grouped by location, the odd
@@ -273,9 +196,7 @@ class WorkerGroup:
         return self._stacks_of(range(self.num_workers))
 
     def _stacks_of(self, ranks: Sequence[int]) -> str:
-        agents = self._members.agents if self._members else {}
-        found = ask_agents(agents, self.workers, list(ranks), "stacks")
-        return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
+        return _stacks(self._members, list(ranks))
 
     def _check_usable(self) -> None:
         self._check_session()
@@ -322,6 +243,25 @@ class WorkerGroup:
                 self.shutdown(graceful=False)
             except Exception:  # noqa: BLE001 - best effort at interpreter or collection time
                 pass
+
+
+def _stop_then_settle(group: WorkerGroup, number: int, waited: Waited) -> None:
+    """Kill the group first (peers stuck in a collective need not wait),
+    then wait for the failed call's output: its markers are already in the files."""
+    members = group._members
+    output = members.output if members else None
+    if members is not None:
+        members.output = None
+    group.shutdown(graceful=False)
+    if output is not None:
+        output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        output.close()
+
+
+def _stacks(members: Optional[Members], ranks: List[int]) -> str:
+    """Where ``ranks`` are now, from their node agents, grouped."""
+    found = ask_agents(members.agents, members.workers, ranks, "stacks") if members else {}
+    return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:

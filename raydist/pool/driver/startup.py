@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm.auto import tqdm
 
 from raydist.config import RunConfig
@@ -25,19 +24,19 @@ from raydist.pool.driver.agents import explain_deaths, start_agents
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
+from raydist.pool.driver.seats import new_worker
+from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.waiting import wait_for_ranks
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, worker_env
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import default_num_workers, resolve_accelerator, worker_bundle
-from raydist.pool.worker.actor import RayWorker
 
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
-_RemoteWorker = ray.remote(RayWorker)
 
 
 @dataclass
@@ -52,12 +51,14 @@ class Members:
     contexts: List[Optional["DistInfo"]] = field(default_factory=list)
     agents: Dict[str, Any] = field(default_factory=dict)  # node id -> NodeAgent
     output: Optional[GroupOutput] = None
+    spares: Optional[SparePool] = None
 
     def held_resources(self) -> Dict[str, Dict[str, float]]:
-        """What the workers hold on each node (node id -> amounts)."""
+        """What the workers and spares hold on each node (node id -> amounts)."""
         held: Dict[str, Dict[str, float]] = {}
-        for worker in self.workers:
-            amounts = held.setdefault(worker.node_id, {})
+        nodes = [w.node_id for w in self.workers] + [s.placement.node_id for s in (self.spares.ready if self.spares else [])]
+        for node_id in nodes:
+            amounts = held.setdefault(node_id, {})
             for name, amount in self.bundle.items():
                 amounts[name] = amounts.get(name, 0.0) + amount
         return held
@@ -66,6 +67,7 @@ class Members:
 def release(members: Members, graceful: bool) -> None:
     """Leave the process group (if ``graceful``), kill the actors and node
     agents, free the placement group; returns once Ray reports them dead."""
+    spares = members.spares.close() if members.spares is not None else []
     actors = [actor for actor in members.actors if actor is not None]
     agents = list(members.agents.values())
     try:
@@ -75,14 +77,14 @@ def release(members: Members, graceful: bool) -> None:
             except Exception:  # noqa: BLE001 - the actors are killed below regardless
                 pass
     finally:  # an interrupt during the graceful part must not leave the actors alive
-        for actor in [*actors, *agents]:
+        for actor in [*actors, *spares, *agents]:
             ray.kill(actor, no_restart=True)
         if members.pg is not None:
             remove_placement_group(members.pg)
         members.actors, members.agents, members.pg = [], {}, None
-    if actors or agents:
+    if actors or spares or agents:
         # A call on a killed actor fails once Ray knows it is dead.
-        pings = [actor.ping.remote() for actor in [*actors, *agents]]
+        pings = [actor.ping.remote() for actor in [*actors, *spares, *agents]]
         ray.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
 
 
@@ -102,17 +104,19 @@ class GroupBuilder:
         self._hooks = hooks
         self._logs = logs
         self._router = router
-        self._restart_count = restart_count
+        self.restart_count = restart_count  # the attempt being built (a warm restart raises it)
         self._node_order = tuple(node_order)
 
     def build(self) -> Members:
         """The started group's members; on any failure everything made so far is released."""
         members = self._reserve()
         try:
-            self._create(members)
-            placements = self._describe(members)
-            self._assign(members, placements)
-            self._set_up(members, placements[members.workers[0].actor_index].free_port)
+            actors = self.create(members, range(len(members.actors)))
+            placements = self.describe(members, actors, range(len(actors)))
+            ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
+            self.assign(members, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
+            members.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)  # type: ignore[union-attr]
+            self.set_up(members, placements[members.workers[0].actor_index].free_port)
             return members
         except BaseException:  # KeyboardInterrupt included: leave nothing running
             self.abandon(members)
@@ -133,7 +137,7 @@ class GroupBuilder:
         bundle = worker_bundle(accelerator, config.resources_per_worker)
         sizes = config.worker_range
         if sizes is None:
-            count = default_num_workers(accelerator, bundle, nodes)
+            count = default_num_workers(accelerator, bundle, nodes) - config.spare_workers  # spares take their share
             if count < 1:
                 raise InfeasibleResourcesError(
                     f"num_workers=None means one worker per {accelerator.ray_resource}, "
@@ -141,36 +145,41 @@ class GroupBuilder:
                 )
             sizes = (count, count)
         members = Members(accelerator, bundle)
-        members.pg, size = reserve(bundle, sizes, config.placement_strategy, config.startup_timeout)
+        spares = config.spare_workers
+        members.pg, size = reserve(bundle, (sizes[0] + spares, sizes[1] + spares), config.placement_strategy, config.startup_timeout, spares)
         members.actors = [None] * size
+        members.spares = SparePool(spares, members.pg, bundle, accelerator, config.startup_timeout)
         return members
 
-    def _create(self, members: Members) -> None:
-        bundle, pg = members.bundle, members.pg
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        for index in range(len(members.actors)):
-            members.actors[index] = _RemoteWorker.options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-            ).remote(members.accelerator.ray_resource)
+    def create(self, members: Members, bundles: Sequence[int]) -> List[Any]:
+        """A new worker actor in each of ``bundles`` (held in ``members.actors`` until ranks are known)."""
+        actors = [new_worker(members.pg, index, members.bundle, members.accelerator.ray_resource) for index in bundles]
+        members.actors = [*[a for a in members.actors if a is not None], *actors]
+        return actors
 
-    def _describe(self, members: Members) -> List[Placement]:
+    def describe(self, members: Members, actors: Sequence[Any], bundles: Sequence[int]) -> List[Placement]:
         """Round trip 1: where each worker landed (node, devices, a free port)."""
-        return self._await(members, [actor.describe.remote(i) for i, actor in enumerate(members.actors)], "started")
+        return self._await(members, [actor.describe.remote(i) for actor, i in zip(actors, bundles)], "started")
 
-    def _assign(self, members: Members, placements: List[Placement]) -> None:
-        members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order)
-        members.agents = start_agents([w.node_id for w in members.workers])  # ready by the time they are needed
-        members.actors = [members.actors[w.actor_index] for w in members.workers]  # now indexed by rank
-        routes = self._logs.attempt(self._restart_count, members.workers)
+    def assign(self, members: Members, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> None:
+        """Ranks from where the workers landed (``actors`` by bundle); agents on new nodes; this attempt's output."""
+        members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order, standby)
+        new_nodes = [w.node_id for w in members.workers if w.node_id not in members.agents]
+        members.agents.update(start_agents(new_nodes))  # ready by the time they are needed
+        members.actors = [actors[w.actor_index] for w in members.workers]  # now indexed by rank
+        routes = self._logs.attempt(self.restart_count, members.workers)
         members.output = GroupOutput(members.workers, routes, self._router)
 
-    def _set_up(self, members: Members, master_port: int) -> None:
+    def set_up(self, members: Members, master_port: int) -> None:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         specs = self._specs(members, master_port)
         members.contexts = self._await(members, [a.setup.remote(s) for a, s in zip(members.actors, specs)], "initialised")
+
+    def restart(self, node_order: Sequence[str]) -> None:
+        """The next attempt: its number, the node order to keep, and the backend's driver side anew."""
+        self.restart_count += 1
+        self._node_order = tuple(node_order)
+        self._hooks.stop()
 
     def _specs(self, members: Members, master_port: int) -> List[WorkerSpec]:
         """Each rank's spec: torchrun's variables, the node's visible devices
@@ -188,7 +197,7 @@ class GroupBuilder:
                     master_addr=workers[0].node_ip,
                     master_port=master_port,
                     run_id=self._logs.run_id,
-                    restart_count=self._restart_count,
+                    restart_count=self.restart_count,
                     config=config,
                     accelerator=members.accelerator,
                     cpus=members.bundle.get("CPU", 1),
@@ -224,3 +233,14 @@ def _still_starting(workers: Sequence[WorkerInfo], indices: List[int], stage: st
     if stage == "started" or not workers:
         return [f"worker {i} (not yet reported where it runs)" for i in indices]
     return [f"rank {i} (node {workers[i].node_id[:12]}, {workers[i].node_ip})" for i in indices]
+
+
+def _split_spares(placements: List[Placement], spares: int, node_order: Sequence[str]) -> "tuple[List[Placement], List[Placement]]":
+    """(ranked workers, spares): the spares are the workers rank order puts
+    last, so they sit on the nodes after the driver's, on the highest device
+    ids (LOCAL_RANK keeps matching the device where it did)."""
+    if not spares:
+        return placements, []
+    order = assign_ranks(placements, ray.get_runtime_context().get_node_id(), node_order)
+    last = {w.actor_index for w in order[len(order) - spares:]}
+    return [p for p in placements if p.index not in last], [p for p in placements if p.index in last]

@@ -53,10 +53,18 @@ def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], n
         return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
     return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
 
-def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode]) -> Optional[str]:
+def spares_text(num_workers: int, spares: int) -> str:
+    """" (3 + 1 spare)" after a count of workers that includes spares; "" without."""
+    return f" ({num_workers - spares} + {spares} spare)" if spares else ""
+
+
+def infeasibility(
+    bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode], spares: int = 0
+) -> Optional[str]:
     """Why the cluster as it is can never host these workers, or None if it can.
 
     All bundles are equal, so counting how many fit on each node is exact.
+    ``spares`` of ``num_workers`` are spare workers.
     """
     possible = workers_that_fit(bundle, [node.resources for node in nodes], strategy)
     how = {"STRICT_PACK": "on one node", "STRICT_SPREAD": "on distinct nodes"}.get(strategy, "in the cluster")
@@ -70,7 +78,7 @@ def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, 
     has = {name: totals.get(name, 0.0) for name in bundle}
     per_node = [{name: node.resources.get(name, 0.0) for name in bundle} for node in nodes]
     return (
-        f"{num_workers} workers of {fmt_resources(bundle)} each ({strategy}) asked for {fmt_resources(asked)} in all, "
+        f"{num_workers} workers{spares_text(num_workers, spares)} of {fmt_resources(bundle)} each ({strategy}) asked for {fmt_resources(asked)} in all, "
         f"but at most {possible} such workers fit {how}: the cluster has {fmt_resources(has)} "
         f"over {len(nodes)} node(s) {per_node_text(per_node)}"
     )

@@ -10,7 +10,7 @@ import tempfile
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import ray
 import ray.cloudpickle
@@ -145,6 +145,22 @@ class RayWorker:
                 timestamp=time.time(),
             )
 
+    def stand_by(self, env: Mapping[str, str], device_type: str) -> int:
+        """A spare: import what ``setup`` needs and pin the device now (its
+        node's visible devices already count it), so that joining a world
+        later costs only the initialisation. Returns the pid."""
+        import torch.distributed  # noqa: F401 - the import is the point: it takes seconds
+
+        from raydist.core import collectives  # noqa: F401
+        from raydist.core.devices import is_device_available, is_indexed, set_device
+        from raydist.core.environment import DEVICE_INDEX_VAR
+
+        os.environ.update(env)
+        index = env.get(DEVICE_INDEX_VAR)
+        if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
+            set_device(f"{device_type}:{index}")
+        return os.getpid()
+
     def ping(self) -> int:
         return os.getpid()
 
@@ -153,6 +169,8 @@ class RayWorker:
         return self._returned_type
 
     def teardown(self) -> None:
+        """Leave the process group (also what a warm restart does before this
+        process joins the next world); the process lives on."""
         from raydist.core import collectives
         from raydist.core.initialize import shutdown
 
