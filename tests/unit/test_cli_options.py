@@ -44,6 +44,10 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     ("-r", "--redirects"): ("redirects", "CODES", "_StoreAction", None),
     ("-t", "--tee"): ("tee", "CODES", "_StoreAction", None),
     ("--local-ranks-filter", "--local_ranks_filter"): ("local_ranks_filter", "RANKS", "_StoreAction", None),
+    # Added with warm restarts.
+    ("--restart-mode",): ("restart_mode", "MODE", "_StoreAction", ("warm", "fresh")),
+    ("--spare-workers",): ("spare_workers", "K", "_StoreAction", None),
+    ("--survivor-timeout",): ("survivor_timeout", "SECONDS", "_StoreAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": (1, 1), "module": False, "standalone": False,
@@ -55,6 +59,7 @@ OLD_FLAG_OF_OPTION = {
     "startup_timeout": "--startup-timeout", "max_restarts": "--max-restarts", "address": "--address",
     "pg_timeout": "--pg-timeout", "restart_to_grow": "--restart-to-grow", "preemption_signal": "--preemption-signal",
     "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
+    "restart_mode": "--restart-mode", "spare_workers": "--spare-workers", "survivor_timeout": "--survivor-timeout",
 }
 
 
@@ -120,10 +125,15 @@ def config_of(argv: List[str]) -> RunConfig:
             "log_dir": "logs", "redirects": 3, "tee": {0: 1, 1: 2}, "local_ranks_filter": (0, 1),
         }),
         (["--address", "h:6379"], {"address": "h:6379"}),
+        (
+            ["--restart-mode", "WARM", "--spare-workers", "2", "--survivor-timeout", "3"],
+            {"restart_mode": "warm", "spare_workers": 2, "survivor_timeout": 3.0},
+        ),
     ],
 )
 def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> None:
-    defaults = {"num_workers": 1, "init_process_group": False, "retry_on_exception": True}
+    # raydist run restarts in fresh processes, as torchrun does, unless --restart-mode warm.
+    defaults = {"num_workers": 1, "init_process_group": False, "retry_on_exception": True, "restart_mode": "fresh"}
     if "--nnodes" in argv and "-n" not in argv:
         defaults["num_workers"] = int(argv[argv.index("--nnodes") + 1])
     assert config_of(argv) == RunConfig(**{**defaults, **expected})
@@ -139,6 +149,8 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["-n", "gpu", "--accelerator", "cpu"], "contradicts"),
         (["--nnodes", "2", "-n", "auto"], "give a number"),
         (["-n", "0"], "--nproc-per-node must be >= 1"),
+        (["--spare-workers", "1"], "--spare-workers take dead ranks' places in warm restarts: they need --restart-mode='warm'"),
+        (["--survivor-timeout", "0"], "--survivor-timeout must be a positive"),
     ],
 )
 def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> None:
