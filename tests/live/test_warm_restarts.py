@@ -203,6 +203,27 @@ def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path) -> N
     assert_nothing_left()
 
 
+def horovod_rank_raises() -> Dict[str, Any]:
+    import horovod.torch as hvd
+
+    if attempt() == 0 and hvd.rank() == 1:
+        raise ValueError("first attempt")
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"sum-{attempt()}")
+    return {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "sum": float(total.item())}
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_horovod_shuts_down_and_initialises_again_in_the_same_processes() -> None:
+    pytest.importorskip("horovod.torch")
+    with raydist.WorkerGroup(2, backend="horovod", max_restarts=1, retry_on_exception=True) as group:
+        pids = [w.pid for w in group.workers]
+        with pytest.raises(raydist.WorkerGroupError, match="first attempt"):
+            group.run(horovod_rank_raises)
+        results = group.run(horovod_rank_raises)
+    assert [r["pid"] for r in results] == pids
+    assert [(r["rank"], r["size"], r["sum"]) for r in results] == [(0, 2, 2.0), (1, 2, 2.0)]
+
+
 # -- a simulated cluster (last: it replaces the local Ray) ----------------------------
 
 
@@ -237,3 +258,4 @@ def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster:
     assert {r["pid"] for r in results} <= first  # the same processes, none new
     assert results[0]["node_id"] == head  # the driver's node stays first
     assert_nothing_left(actors=False)  # a simulated cluster runs no dashboard
+
