@@ -28,6 +28,7 @@ from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.restart import restart_group
+from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
@@ -290,7 +291,9 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
             alive.shutdown(graceful=False)
 
     def room() -> int:
-        more = room_for(members.bundle, config.placement_strategy)
+        # Bundles of a lost node that Ray re-placed after a warm shrink are room too: the group holds them.
+        taken = {w.actor_index for w in members.workers} | (members.spares.bundles() if members.spares else set())
+        more = room_for(members.bundle, config.placement_strategy) + len(free_seats(members.pg, taken))
         return min(sizes[1] - len(members.workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(members.workers) < sizes[1]
