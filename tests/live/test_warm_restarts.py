@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -114,7 +113,7 @@ def test_a_survivor_stuck_past_the_bound_is_replaced_and_named(caplog: pytest.Lo
         assert pids[0] == before[0] and before[1] not in pids and before[2] not in pids
     line = next(line for line in caplog.text.splitlines() if "warm restart" in line)
     assert "1 rank(s) kept their process, 2 replaced (0 from a spare, 2 fresh)" in line
-    assert f"rank 2 killed and replaced: rank 2 (node" in line and f"pid {before[2]}" in line
+    assert "rank 2 killed and replaced: rank 2 (node" in line and f"pid {before[2]}" in line
     assert "had not returned 2 s after the failure" in line
     assert_nothing_left()
 

@@ -31,7 +31,7 @@ def new_worker(pg: Optional[PlacementGroup], index: int, bundle: Mapping[str, fl
         num_cpus=bundle.get("CPU", 0),
         num_gpus=bundle.get("GPU", 0),
         resources=custom,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),  # type: ignore[arg-type]
     ).remote(ray_resource)
 
 
