@@ -253,6 +253,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--reps", type=int, default=3, help="samples per mode (default 3)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--quick", action="store_true", help="one sample per mode")
+    parser.add_argument("--verbose", action="store_true", help="show raydist's restart lines")
     args = parser.parse_args(argv)
     if args.quick:
         args.reps = 1
@@ -260,11 +261,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     from _common import header
 
     header("elastic")
-    samples = collect(args.modes, args.reps)
+    samples = collect(args.modes, args.reps, args.verbose)
     report(samples, args.reps)
 
 
-def collect(modes: List[str], reps: int) -> Dict[str, List[Dict[str, Any]]]:
+def collect(modes: List[str], reps: int, verbose: bool = False) -> Dict[str, List[Dict[str, Any]]]:
     """``reps`` samples of each mode, interleaved, on one simulated cluster."""
     import logging
     import tempfile
@@ -274,7 +275,10 @@ def collect(modes: List[str], reps: int) -> Dict[str, List[Dict[str, Any]]]:
 
     from _common import expose_to_workers
 
-    logging.getLogger("raydist").setLevel(logging.ERROR)  # the restart lines are expected here
+    if verbose:
+        logging.basicConfig(format="%(asctime)s %(message)s")
+    else:
+        logging.getLogger("raydist").setLevel(logging.ERROR)  # the restart lines are expected here
     expose_to_workers()  # before the raylets start: their workers import this module
     started = time.perf_counter()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False})
@@ -337,7 +341,13 @@ def _torchrun_worker(marker_dir: str) -> None:
     """One rank under torchrun: the same loop, in a process group torchrun's environment describes."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    # A store prefix per attempt: with torchrun 2.13's agent store, a plain
+    # init_process_group("gloo") in attempt 1 read attempt 0's gloo addresses
+    # here ("Connection refused" in connectFullMesh) and the restart failed.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"bench-attempt-{attempt}", store), rank=rank, world_size=world)
     try:
         train(marker_dir)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -10,13 +11,14 @@ import tempfile
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, FrozenSet, Mapping, Optional
 
 import ray
 import ray.cloudpickle
 
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
+from raydist.pool.worker.connections import Connection, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
 
@@ -79,6 +81,7 @@ class RayWorker:
         self._accelerator_resource = accelerator_resource
         self._worker: Optional[WorkerInfo] = None
         self._returned_type = ""  # of the last value returned, named if it cannot travel
+        self._group_connections: FrozenSet[Connection] = frozenset()  # opened by init_distributed
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -119,7 +122,10 @@ class RayWorker:
             register_backend(spec.backend_entry)
         if spec.init_kwargs is None:
             return None
-        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
+        before = tcp_connections()
+        context = init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
+        self._group_connections = tcp_connections() - before  # shut down for sure at teardown
+        return context
 
     @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:
@@ -176,3 +182,8 @@ class RayWorker:
 
         collectives.set_large_object_transport(None)
         shutdown()
+        gc.collect()  # a failed call's frames may still hold the process group
+        # If something still does, its connections stay open: peers blocked on
+        # this rank would wait for the process group's timeout. Close them now.
+        shut_down(self._group_connections)
+        self._group_connections = frozenset()
