@@ -157,6 +157,11 @@ class RayWorker:
         later costs only the initialisation. Returns the pid."""
         import torch.distributed  # noqa: F401 - the import is the point: it takes seconds
 
+        try:  # what DistributedDataParallel imports the first time a process builds one (seconds too)
+            import torch._dynamo  # noqa: F401
+        except ImportError:
+            pass
+
         from raydist.core import collectives  # noqa: F401
         from raydist.core.devices import is_device_available, is_indexed, set_device
         from raydist.core.environment import DEVICE_INDEX_VAR
