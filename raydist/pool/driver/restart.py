@@ -29,6 +29,7 @@ from raydist.pool.cluster.placement import alive_nodes
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members
 from raydist.pool.driver.waiting import Waited
+from raydist.pool.records import CallEnd
 from raydist.pool.rules.policy import decide_restart, restart_line
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
 
@@ -62,8 +63,8 @@ def restart_group(
     driver_node = ray.get_runtime_context().get_node_id()
     left = config.max_restarts - group.restarts_used
     decision = decide_restart(error, retry_on_exception=config.retry_on_exception, restarts_left=left, driver_node=driver_node)
-    if decision.restart is None or members is None:
-        return False
+    if decision.restart is None or members is None or group.closed or error.end is CallEnd.GROW:
+        return False  # growing needs a larger placement group: a fresh start
     old_size = len(members.workers)
     with group._lock:  # no call is sent while the world changes
         if group._watcher is not None:
