@@ -101,7 +101,8 @@ class SparePool:
             ray.get(actor.stand_by.remote(env, self._accelerator.device_type), timeout=self._timeout)
             spare = Spare(actor, placement)
         except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
-            logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)
+            if not self._closed:  # else the group was shut down meanwhile and killed it
+                logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)
         with self._lock:
             self._starting.pop(seat.bundle, None)
             if spare is not None and not self._closed:
