@@ -150,9 +150,7 @@ class WorkerGroup:
     def run(
         self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
     ) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the return values ordered by rank.
-
-        ``timeout`` defaults to the group's ``timeout`` option."""
+        """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs).result(timeout)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:

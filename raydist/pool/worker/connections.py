@@ -20,7 +20,7 @@ Connection = Tuple[int, Tuple[object, ...], Tuple[object, ...]]  # (fd, local ad
 
 def tcp_connections() -> FrozenSet[Connection]:
     """This process's TCP sockets (listening ones have no remote address)."""
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     try:
         found = psutil.Process().net_connections(kind="tcp")
