@@ -138,6 +138,26 @@ def _check_signal(name: Any) -> str:
     return name.upper()
 
 
+# Signals no process can handle.
+_UNHANDLED_SIGNALS = ("SIGKILL", "SIGSTOP")
+
+
+def check_signals_to_handle(value: Any) -> Tuple[str, ...]:
+    """torchrun's ``--signals-to-handle``: "SIGTERM,SIGINT" or a sequence of names."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)):
+        raise TypeError(f"signals_to_handle must be signal names such as 'SIGTERM,SIGINT', not {_type_name(value)} {value!r}")
+    checked = []
+    for name in names:
+        text = name.strip().upper() if isinstance(name, str) else name
+        if not isinstance(text, str) or not isinstance(getattr(signal, text, None), signal.Signals) or text in ("SIG_DFL", "SIG_IGN"):
+            raise ValueError(f"signals_to_handle: {name!r} is not a signal name such as 'SIGTERM'")
+        if text in _UNHANDLED_SIGNALS:
+            raise ValueError(f"signals_to_handle: {text} cannot be handled by any process")
+        checked.append(text)
+    return tuple(dict.fromkeys(checked))
+
+
 def reserved_env_vars() -> Tuple[FrozenSet[str], Tuple[str, ...]]:
     """The variables (and prefixes) ``env`` may not set: the launcher's, and
     those of every registered backend's launcher side."""
@@ -353,6 +373,12 @@ class RunConfig:
     preemption_signal: the signal ranks on a draining node get at once (their
         code reads the deadline with ``raydist.preemption_requested()``);
         None: no signal, only the deadline.
+    signals_to_handle: the signals ``raydist run`` handles (torchrun's
+        ``--signals-to-handle``): forwarded to every rank, then after
+        ``shutdown_timeout`` the workers are killed. ``raydist.run()`` in
+        Python leaves the process's signal handling to the program.
+    shutdown_timeout: seconds to wait for the ranks after forwarding a
+        signal, before they are killed (torchrun's ``--shutdown-timeout``).
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(
@@ -503,6 +529,26 @@ class RunConfig:
         ),
     )
 
+    signals_to_handle: Tuple[str, ...] = field(
+        default=("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"),
+        metadata=cli(
+            "--signals-to-handle", "--signals_to_handle", metavar="SIGNALS",
+            help="comma-separated signals `raydist run` handles, whatever it inherited (a background "
+            "job starts with SIGINT ignored), as torchrun does: each is forwarded to every rank, "
+            "then after --shutdown-timeout the workers are killed and the run exits with status 1 "
+            "(default: SIGTERM,SIGINT,SIGHUP,SIGQUIT; SLURM users often add SIGUSR1 or SIGUSR2). "
+            "raydist.run() in Python leaves its process's signal handling alone",
+        ),
+    )
+    shutdown_timeout: float = field(
+        default=30.0,
+        metadata=cli(
+            "--shutdown-timeout", "--shutdown_timeout", parse=parse_seconds, metavar="SECONDS",
+            help="after forwarding a handled signal, how long to wait for the ranks to finish "
+            "(their handlers saving state) before killing them, as torchrun's option (default {default:g})",
+        ),
+    )
+
     def __post_init__(self) -> None:
         self._check_num_workers()
         self._set("accelerator", _check_choice("accelerator", self.accelerator, ACCELERATOR_CHOICES))
@@ -539,6 +585,8 @@ class RunConfig:
             raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max)")
         if self.preemption_signal is not None:
             self._set("preemption_signal", _check_signal(self.preemption_signal))
+        self._set("signals_to_handle", check_signals_to_handle(self.signals_to_handle))
+        self._set("shutdown_timeout", check_seconds("shutdown_timeout", self.shutdown_timeout))
 
     def _check_num_workers(self) -> None:
         value = self.num_workers

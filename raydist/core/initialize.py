@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from raydist.core.backend import TORCH_BACKEND, Backend, BackendEntry, backend_entry, load
 from raydist.core.devices import accelerator_type, device_type_of, is_device_available, is_indexed, set_device
-from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, is_using_distributed
+from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, has_rendezvous, is_using_distributed
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,18 @@ def _resolve_device(device: Optional[str]) -> str:
 
 
 def _choose_backend(
-    entry: BackendEntry, backend: Optional[str], dist_url: Optional[str], timeout: Optional[datetime.timedelta]
+    entry: BackendEntry,
+    backend: Optional[str],
+    dist_url: Optional[str],
+    timeout: Optional[datetime.timedelta],
+    world_of_one: bool = False,
 ) -> Optional[Backend]:
     """The backend this process joins its job through, built from ``entry``;
-    None outside any job (torch.distributed without launcher variables). Any
-    other backend is used as asked, in one process too, as horovod is."""
-    if entry.name == TORCH_BACKEND and not is_using_distributed():
+    None outside any job (torch.distributed without launcher variables, or
+    with a world of one unless ``world_of_one`` and the launcher's rendezvous
+    variables are set). Any other backend is used as asked, in one process
+    too, as horovod is."""
+    if entry.name == TORCH_BACKEND and not is_using_distributed() and not (world_of_one and has_rendezvous()):
         return None
     # The name goes along when it is not the entry's own: torch.distributed's "gloo", "nccl", ...
     own_name = backend is None or backend.strip().lower() == entry.name
@@ -104,6 +110,7 @@ def init_distributed(
     horovod: bool = False,
     no_set_device_rank: bool = False,
     timeout: Union[None, float, datetime.timedelta] = None,
+    world_of_one: bool = False,
 ) -> DistInfo:
     """Initialise torch.distributed (or horovod) from the launcher environment.
 
@@ -115,7 +122,11 @@ def init_distributed(
     variables (world size 1) nothing is initialised. In distributed mode the
     device is pinned to this process's own (``DistInfo.device_index``: under
     raydist the worker's first device, else the local rank as under torchrun)
-    unless ``no_set_device_rank``. Calling it again returns the existing record.
+    unless ``no_set_device_rank``. ``world_of_one``: a launcher that set
+    MASTER_ADDR/MASTER_PORT for one process gets a process group of one too
+    (raydist's workers, which were asked for a process group, pass it), so
+    code that calls collectives runs the same on one rank as on many.
+    Calling it again returns the existing record.
     """
     global _context, _backend
     if isinstance(timeout, (int, float)):
@@ -127,7 +138,7 @@ def init_distributed(
         device = _resolve_device(device)
         device_type = device_type_of(device)
         entry = backend_entry("horovod" if horovod else backend)
-        chosen = _choose_backend(entry, backend, dist_url, timeout)
+        chosen = _choose_backend(entry, backend, dist_url, timeout, world_of_one)
         world = chosen.init(device_type) if chosen is not None else WorldInfo()
         distributed = chosen is not None
 

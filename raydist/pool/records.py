@@ -18,10 +18,16 @@ if TYPE_CHECKING:
 class WorkerEvidence:
     """Where one worker process leaves what it wrote and how it ended (paths on its node)."""
 
-    stderr_path: Optional[str]  # the file Ray sends this process's stderr to
-    exit_note_path: str  # os._exit(n) writes n here first
+    stderr_path: Optional[str]  # the file Ray sends this process's stderr to (Ray's, never removed by raydist)
+    exit_note_path: str  # os._exit(n) writes n here first; a fatal signal -n
     stack_path: str  # faulthandler writes the stacks here on STACK_SIGNAL
     preemption_path: str  # the driver writes the drain deadline here (see raydist.core.preemption)
+    error_path: str = ""  # TORCHELASTIC_ERROR_FILE when no log directory on this node holds it
+
+    @property
+    def own_files(self) -> Tuple[str, ...]:
+        """The files raydist made for this process, removed once it is gone."""
+        return tuple(p for p in (self.exit_note_path, self.stack_path, self.preemption_path, self.error_path) if p)
 
     @classmethod
     def for_process(cls, pid: int, scratch_dir: str) -> "WorkerEvidence":
@@ -34,6 +40,7 @@ class WorkerEvidence:
             exit_note_path=os.path.join(scratch_dir, f"exit-{pid}"),
             stack_path=os.path.join(scratch_dir, f"stacks-{pid}"),
             preemption_path=os.path.join(scratch_dir, f"preempted-{pid}"),
+            error_path=os.path.join(scratch_dir, f"error-{pid}.json"),
         )
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from tqdm.auto import tqdm
 
 from raydist.pool.cluster import ray_private
 from raydist.pool.rules.sizing import elastic_size, workers_that_fit
 from raydist.errors import InfeasibleResourcesError
+from raydist.pool.progress import progress
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import infeasibility
 from raydist.pool.rules.text import fmt_resources, per_node_text
@@ -51,7 +51,7 @@ def reserve(
     if reason is not None and not ray_private.cluster_has_autoscaler():
         raise InfeasibleResourcesError(reason)
     deadline = time.monotonic() + startup_timeout
-    with tqdm(total=min_workers, desc="raydist: workers placed", unit="worker", delay=5.0) as bar:
+    with progress(min_workers, "raydist: workers placed") as bar:
         while True:
             size = max_workers if min_workers == max_workers else _elastic_size_now(bundle, sizes, strategy)
             if size is not None:
@@ -104,7 +104,7 @@ def room_for(bundle: Mapping[str, float], strategy: str) -> int:
     return workers_that_fit(bundle, free, strategy)
 
 
-def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: tqdm, deadline: float) -> bool:
+def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: Any, deadline: float) -> bool:
     ready = pg.ready()
     while True:
         remaining = deadline - time.monotonic()

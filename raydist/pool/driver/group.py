@@ -10,6 +10,7 @@ killed, not waited for) and raises the error for that ending.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -29,20 +30,23 @@ from raydist.errors import (
 )
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
-from raydist.pool.driver.agents import ask_agents, explain_deaths
+from raydist.pool.driver import signals
+from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, WorkerInfo
+from raydist.pool.records import CallEnd, Outcome, WorkerInfo
 from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
 
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
+
+logger = logging.getLogger("raydist")
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call"]
 
@@ -218,7 +222,11 @@ class WorkerGroup:
         try:
             waited = wait_for_ranks(future.refs, limit, self.workers, None, future.actors)
         except BaseException as error:  # KeyboardInterrupt included: leave nothing running
-            self.shutdown(graceful=False)
+            try:
+                if isinstance(error, signals.SignalReceived):
+                    self._forward(error.signum, future)
+            finally:
+                self.shutdown(graceful=False)
             if connected_session() != self._session:
                 raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
@@ -237,6 +245,26 @@ class WorkerGroup:
         self._stop_then_settle(future.number, waited)
         raise error
 
+    def _forward(self, signum: int, future: WorkerFuture) -> None:
+        """Send ``signum`` to every rank (as torchrun does: their handlers can
+        save state), then wait up to ``shutdown_timeout`` for them to finish
+        and for what they printed meanwhile."""
+        members = self._members
+        if members is None or not members.actors:
+            return
+        logger.warning(
+            "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
+            signals.SignalReceived(signum).name, self.config.shutdown_timeout,
+        )
+        members.agents.ask(self.workers, range(self.num_workers), "signal", signum)
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        pending = list(future.refs)
+        while pending and not signals.hurried() and time.monotonic() < deadline:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+        if members.output is not None:  # what the ranks' handlers printed, before the files close
+            values, failed = _finished_values(future.refs, pending)
+            members.output.settle(future.number, values, failed)
+
     def _error_for(self, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
         """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
         if end is CallEnd.CANCELLED:
@@ -249,7 +277,7 @@ class WorkerGroup:
             return WorkerGroupTimeout(limit, waited.pending, self._stacks_of(waited.pending))
         failures = waited.failures
         if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
-            failures = explain_deaths(failures, self.workers, self._members.agents if self._members else {})
+            failures = explain_deaths(failures, self.workers, self._members.agents) if self._members else failures
         drained = self.drained_nodes
         error = WorkerGroupError(failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}))
         error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
@@ -263,7 +291,8 @@ class WorkerGroup:
             self._members.output = None
         self.shutdown(graceful=False)
         if output is not None:
-            output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
+            # A rank whose value could not come back marked only what it printed: not waited for.
+            output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed and f.rank not in waited.unsent])
             output.close()
 
     def stacks(self) -> str:
@@ -273,8 +302,9 @@ class WorkerGroup:
         return self._stacks_of(range(self.num_workers))
 
     def _stacks_of(self, ranks: Sequence[int]) -> str:
-        agents = self._members.agents if self._members else {}
-        found = ask_agents(agents, self.workers, list(ranks), "stacks")
+        if self._members is None:
+            return format_stacks({rank: None for rank in ranks})
+        found = self._members.agents.ask(self.workers, list(ranks), "stacks")
         return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
 
     def _check_usable(self) -> None:
@@ -324,6 +354,25 @@ class WorkerGroup:
                 pass
 
 
+def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> "tuple[List[Any], List[int]]":
+    """Each finished rank's value (None for the others) and the ranks whose
+    code raised or exited (both their streams carry a marker)."""
+    values: List[Any] = [None] * len(refs)
+    failed: List[int] = []
+    for rank, ref in enumerate(refs):
+        if ref in pending:
+            continue
+        try:
+            outcome = ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - a rank that died marks nothing
+            continue
+        if isinstance(outcome, Outcome) and not outcome.ok:
+            failed.append(rank)
+        else:
+            values[rank] = outcome.value if isinstance(outcome, Outcome) else outcome
+    return values, failed
+
+
 def _router(config: RunConfig) -> Optional[OutputRouter]:
     router = OutputRouter.install()
     if router is None and (wants_files(config) or config.local_ranks_filter is not None):
@@ -342,7 +391,7 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
     sizes = config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
-        ask_agents(members.agents, members.workers, ranks, "preempt", deadline, config.preemption_signal)
+        members.agents.ask(members.workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
 
     def stop() -> None:
         alive = ref()

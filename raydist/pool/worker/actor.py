@@ -17,6 +17,7 @@ import ray.cloudpickle
 
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
+from raydist.pool.worker import exit_hooks
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
 
@@ -79,6 +80,7 @@ class RayWorker:
         self._accelerator_resource = accelerator_resource
         self._worker: Optional[WorkerInfo] = None
         self._returned_type = ""  # of the last value returned, named if it cannot travel
+        exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -119,7 +121,8 @@ class RayWorker:
             register_backend(spec.backend_entry)
         if spec.init_kwargs is None:
             return None
-        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
+        # A world of one gets its process group too: the run asked for one.
+        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, world_of_one=True, **spec.init_kwargs)
 
     @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:
