@@ -409,10 +409,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CliError as error:
         print(f"raydist run: error: {error}", file=sys.stderr, flush=True)
         return error.status
-    except signals.SignalReceived as received:  # torchrun exits with 1 after a signal, too
-        print(f"raydist run: got {received.name}; the workers were stopped", file=sys.stderr, flush=True)
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a handled signal arrives as one too (see signals)
+        signum = signals.received()
+        if signum is not None:  # torchrun exits with 1 after a signal, too
+            print(f"raydist run: got {signals.SignalReceived(signum).name}; the workers were stopped", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
         print("raydist run: interrupted; workers stopped", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     finally:

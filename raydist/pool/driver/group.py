@@ -223,8 +223,9 @@ class WorkerGroup:
             waited = wait_for_ranks(future.refs, limit, self.workers, None, future.actors)
         except BaseException as error:  # KeyboardInterrupt included: leave nothing running
             try:
-                if isinstance(error, signals.SignalReceived):
-                    self._forward(error.signum, future)
+                signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
+                if signum is not None:
+                    self._forward(signum, future)
             finally:
                 self.shutdown(graceful=False)
             if connected_session() != self._session:

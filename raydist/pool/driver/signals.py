@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 
-class SignalReceived(BaseException):
+class SignalReceived(KeyboardInterrupt):
     """The driver got one of the signals it handles (torch's ``SignalException``).
 
-    A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the
-    way out swallows it."""
+    A KeyboardInterrupt: no ``except Exception`` on the way out swallows it,
+    and Ray's waits let only that kind through (raising a plain
+    KeyboardInterrupt in its place: ``received()`` says which signal came)."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -61,6 +62,12 @@ def restore() -> None:
     _previous.clear()
     with _lock:
         _received.clear()
+
+
+def received() -> Optional[int]:
+    """The first handled signal's number since ``install``; None if none came."""
+    with _lock:
+        return _received.get("first")
 
 
 def hurried() -> bool:

@@ -14,8 +14,10 @@ in ``raydist.pool.rules.explain`` turn it into words.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
+import platform
 import re
 import signal
 import time
@@ -60,6 +62,9 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
     os._exit = exit_noting_status  # type: ignore[assignment]
     for signum in NOTED_SIGNALS:  # a script's own handler replaces this one, as it should
         signal.signal(signum, _die_noting_signal(evidence.exit_note_path))
+    # Ray blocks SIGINT in its workers; a rank gets it as torchrun's child does
+    # (KeyboardInterrupt), when `raydist run` forwards a Ctrl-C.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _die_noting_signal(note_path: str) -> Callable[[int, Any], None]:
@@ -146,11 +151,7 @@ def warn_of_preemption(pid: int, evidence: WorkerEvidence, deadline: float, sign
         note.write("" if deadline == float("inf") else repr(deadline))
     if signal_name is None:
         return True
-    try:
-        os.kill(pid, getattr(signal, signal_name))
-    except OSError:
-        return False
-    return True
+    return send_signal(pid, getattr(signal, signal_name))
 
 # How long removing a killed process's files waits for it to be gone.
 GONE_TIMEOUT_S = 5.0
@@ -170,7 +171,24 @@ def _alive(pid: int) -> bool:
         return not os.path.isdir("/proc")  # /proc is there and has no such process: gone
 
 
+# tgkill's system call number per machine: a signal for a process's main thread.
+_TGKILL = {"x86_64": 234, "aarch64": 131, "ppc64le": 250, "s390x": 241}
+
+
 def send_signal(pid: int, signum: int) -> bool:
+    """Signal ``pid``'s main thread, where Python runs signal handlers.
+
+    A worker process has many threads (Ray's, gloo's); a signal sent to the
+    process may land on any of them, and a main thread blocked in a wait
+    would then not run the script's handler until it wakes. A launcher's
+    child (torchrun's) sees the signal at once; this does the same."""
+    number = _TGKILL.get(platform.machine())
+    if number is not None:
+        try:
+            if ctypes.CDLL(None, use_errno=True).syscall(number, pid, pid, signum) == 0:
+                return True
+        except (OSError, AttributeError):
+            pass  # no tgkill here: the process as a whole gets it
     try:
         os.kill(pid, signum)
     except OSError:
