@@ -114,6 +114,12 @@ def check_resources(resources: Any) -> Dict[str, float]:
         for known in _RAY_RESOURCES:
             if name != known and name.lower() == known.lower():
                 raise ValueError(f"{where}: Ray's resource is spelled {known!r}")
+        if name == "object_store_memory":
+            raise ValueError(
+                f"{where}: Ray does not reserve object store memory per worker (deprecated in Ray, and "
+                "its raylet fails on it inside a placement group); leave it out: objects spill to disk "
+                "when the store is full. 'memory' (heap bytes per worker) is honoured"
+            )
         if _PLACEMENT_GROUP_RESOURCE.search(name):
             raise ValueError(f"{where}: names of this form are Ray's placement-group resources")
         if not _is_number(amount):

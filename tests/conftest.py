@@ -12,7 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Workers must import the test modules that define the functions they run.
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(REPO / "tests"), str(REPO / "tests" / "live"), str(REPO), os.environ.get("PYTHONPATH")])
+)
 sys.path.insert(0, str(REPO / "tests"))
 
 LOCAL_CPUS = 4

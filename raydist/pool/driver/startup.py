@@ -166,10 +166,8 @@ class GroupBuilder:
     def _create(self, members: Members) -> None:
         bundle, pg = members.bundle, members.pg
         # Ray takes its own resources as actor options; a bundle takes them all as amounts.
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory", "object_store_memory")}
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
         memory = {"memory": bundle["memory"]} if bundle.get("memory") else {}
-        if bundle.get("object_store_memory"):
-            memory["object_store_memory"] = int(bundle["object_store_memory"])  # Ray wants whole bytes here
         for index in range(len(members.actors)):
             members.actors[index] = _RemoteWorker.options(
                 num_cpus=bundle.get("CPU", 0),
