@@ -44,6 +44,9 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     ("-r", "--redirects"): ("redirects", "CODES", "_StoreAction", None),
     ("-t", "--tee"): ("tee", "CODES", "_StoreAction", None),
     ("--local-ranks-filter", "--local_ranks_filter"): ("local_ranks_filter", "RANKS", "_StoreAction", None),
+    # torchrun's, added since the table.
+    ("--signals-to-handle", "--signals_to_handle"): ("signals_to_handle", "SIGNALS", "_StoreAction", None),
+    ("--shutdown-timeout", "--shutdown_timeout"): ("shutdown_timeout", "SECONDS", "_StoreAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": (1, 1), "module": False, "standalone": False,
@@ -55,6 +58,7 @@ OLD_FLAG_OF_OPTION = {
     "startup_timeout": "--startup-timeout", "max_restarts": "--max-restarts", "address": "--address",
     "pg_timeout": "--pg-timeout", "restart_to_grow": "--restart-to-grow", "preemption_signal": "--preemption-signal",
     "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
+    "signals_to_handle": "--signals-to-handle", "shutdown_timeout": "--shutdown-timeout",
 }
 
 
