@@ -68,4 +68,5 @@ def test_a_failing_ranks_traceback_and_error_file_are_in_its_log_directory(tmp_p
     assert "[rank1]: ValueError: shard 1 is corrupt (recorded)" in stderr, stderr
     error = json.loads((rank_one / "error.json").read_text())  # torch's @record wrote it there
     assert "shard 1 is corrupt" in json.dumps(error)
+    assert f"(error file {rank_one / 'error.json'}: ValueError: shard 1 is corrupt (recorded))" in result.stderr
     assert not (rank_zero / "error.json").exists()

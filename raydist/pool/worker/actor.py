@@ -45,9 +45,10 @@ def _user_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
-def _error_file_report(started: float) -> Optional[str]:
+def _error_file_report(started: float, scratch_path: str = "") -> Optional[str]:
     """What a ``@record``-decorated script wrote to TORCHELASTIC_ERROR_FILE
-    during this call (torchrun shows this instead of its own traceback)."""
+    during this call (torchrun shows this instead of its own traceback). The
+    file is named unless it is ``scratch_path``, removed with the worker."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or not os.path.isfile(path) or os.path.getmtime(path) < started:
         return None
@@ -57,11 +58,12 @@ def _error_file_report(started: float) -> Optional[str]:
         message = data["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    where = "its error file" if path == scratch_path else f"error file {path}"
     if isinstance(message, dict):
         text = str(message.get("message", ""))
         stack = str((message.get("extraInfo") or {}).get("py_callstack", "")).rstrip()
-        return f"{stack}\n(error file {path}: {text})" if stack else f"{text}\n(error file {path})"
-    return f"{message}\n(error file {path})"
+        return f"{stack}\n({where}: {text})" if stack else f"{text}\n({where})"
+    return f"{message}\n({where})"
 
 
 def _exit_code(code: Any) -> int:
@@ -80,6 +82,7 @@ class RayWorker:
         self._accelerator_resource = accelerator_resource
         self._worker: Optional[WorkerInfo] = None
         self._returned_type = ""  # of the last value returned, named if it cannot travel
+        self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
 
     def __repr__(self) -> str:
@@ -90,6 +93,7 @@ class RayWorker:
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
         leave_evidence(evidence)
+        self._evidence = evidence
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -142,7 +146,7 @@ class RayWorker:
             except Exception:
                 pickled = None
             return Outcome(
-                traceback=_error_file_report(started) or _user_traceback(error),
+                traceback=_error_file_report(started, self._evidence.error_path if self._evidence else "") or _user_traceback(error),
                 exception_type=type(error).__name__,
                 exception=pickled,
                 timestamp=time.time(),
