@@ -397,146 +397,146 @@ _NUM_WORKERS_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node", g
 _NUM_NODES_FLAG = cli("--nnodes", help="set by --nnodes", generated=False)
 _WORKERS_PER_NODE_FLAG = cli("--nproc-per-node", help="set by -n/--nproc-per-node with --nnodes", generated=False)
 _ACCELERATOR_FLAG = cli(
-        "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
-        help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
-    )
+    "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
+    help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
+)
 _RESOURCES_PER_WORKER_FLAG = cli(
-        "--resources-per-worker", parse=parse_resources, metavar="JSON",
-        help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
-        "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
-        'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
-        "plus 1 device",
-    )
+    "--resources-per-worker", parse=parse_resources, metavar="JSON",
+    help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
+    "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
+    'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
+    "plus 1 device",
+)
 _BACKEND_FLAG = cli(
-        "--backend", metavar="NAME",
-        help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
-        "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
-        "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
-        "direct dist.init_process_group() call would fail). Default: leave initialization to the "
-        "script, as torchrun does",
-    )
+    "--backend", metavar="NAME",
+    help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
+    "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
+    "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
+    "direct dist.init_process_group() call would fail). Default: leave initialization to the "
+    "script, as torchrun does",
+)
 _ENV_FLAG = cli(
-        "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
-        help="set an environment variable on every worker (repeatable); workers on a "
-        "remote cluster do not inherit this shell's environment",
-    )
+    "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
+    help="set an environment variable on every worker (repeatable); workers on a "
+    "remote cluster do not inherit this shell's environment",
+)
 _PLACEMENT_STRATEGY_FLAG = cli(
-        "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
-        metavar="STRATEGY",
-        help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
-        "(default: {default}); not with --nnodes, which places one bundle per node (STRICT_SPREAD)",
-    )
+    "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
+    metavar="STRATEGY",
+    help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
+    "(default: {default}); not with --nnodes, which places one bundle per node (STRICT_SPREAD)",
+)
 _TIMEOUT_FLAG = cli(
-        "--timeout", parse=parse_seconds, metavar="SECONDS",
-        help="stop the run and fail if the script has not finished on every rank after "
-        "this many seconds (default: no limit)",
-    )
+    "--timeout", parse=parse_seconds, metavar="SECONDS",
+    help="stop the run and fail if the script has not finished on every rank after "
+    "this many seconds (default: no limit)",
+)
 _STARTUP_TIMEOUT_FLAG = cli(
-        "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
-        help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
-        "provide the workers, and for them to initialise (default {default:g}); a request the "
-        "cluster can never meet fails at once",
-    )
+    "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
+    help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
+    "provide the workers, and for them to initialise (default {default:g}); a request the "
+    "cluster can never meet fails at once",
+)
 _MAX_RESTARTS_FLAG = cli(
-        "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
-        help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
-        "group on fresh workers and rerun the script, up to K times, as torchrun does "
-        "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
-    )
+    "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
+    help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
+    "group on fresh workers and rerun the script, up to K times, as torchrun does "
+    "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
+)
 _ADDRESS_FLAG = cli(
-        "--address", metavar="ADDRESS",
-        help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
-        "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
-        "inside `ray job submit`), else the cluster started with `ray start` on this "
-        "machine, else a private local Ray (no dashboard) that stops when the run ends",
-    )
+    "--address", metavar="ADDRESS",
+    help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
+    "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
+    "inside `ray job submit`), else the cluster started with `ray start` on this "
+    "machine, else a private local Ray (no dashboard) that stops when the run ends",
+)
 _PG_TIMEOUT_FLAG = cli(
-        "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
-        help="how long a collective may wait before the process group fails it (torch's "
-        "init_process_group timeout); applies with --backend, where raydist initialises the group",
-    )
+    "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
+    help="how long a collective may wait before the process group fails it (torch's "
+    "init_process_group timeout); applies with --backend, where raydist initialises the group",
+)
 _LOG_DIR_FLAG = cli(
-        "--log-dir", "--log_dir", metavar="DIR",
-        help="directory for per-rank log files, laid out as torchrun does: "
-        "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
-        "restart. Written on this machine (the driver's), for every rank on every node",
-    )
+    "--log-dir", "--log_dir", metavar="DIR",
+    help="directory for per-rank log files, laid out as torchrun does: "
+    "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
+    "restart. Written on this machine (the driver's), for every rank on every node",
+)
 _REDIRECTS_FLAG = cli(
-        "-r", "--redirects", metavar="CODES",
-        help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
-        "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
-        "the files go to a new temporary directory (default {default})",
-    )
+    "-r", "--redirects", metavar="CODES",
+    help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
+    "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
+    "the files go to a new temporary directory (default {default})",
+)
 _TEE_FLAG = cli(
-        "-t", "--tee", metavar="CODES",
-        help="send streams to the log files and the console (codes as for --redirects; default {default})",
-    )
+    "-t", "--tee", metavar="CODES",
+    help="send streams to the log files and the console (codes as for --redirects; default {default})",
+)
 _LOCAL_RANKS_FILTER_FLAG = cli(
-        "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
-        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
-        "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
-        "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
-    )
+    "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
+    help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
+    "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
+    "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
+)
 _RESTART_TO_GROW_FLAG = cli(
-        "--restart-to-grow", action="store_true",
-        help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
-        "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
-        "on a membership change (not counted against --max-restarts)",
-    )
+    "--restart-to-grow", action="store_true",
+    help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
+    "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
+    "on a membership change (not counted against --max-restarts)",
+)
 _PREEMPTION_SIGNAL_FLAG = cli(
-        "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
-        help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
-        "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
-        "'none' for no signal (default: {default})",
-    )
+    "--preemption-signal", metavar="SIGNAL", to_option=_signal_or_none,
+    help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
+    "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
+    "'none' for no signal (default: {default})",
+)
 _LABEL_SELECTOR_FLAG = cli(
-        "--label-selector", "--label_selector", metavar="KEY=VALUE[,...]",
-        help="run only on Ray nodes whose labels match, in Ray's forms: zone=a, zone=!a, "
-        "zone=in(a,b), zone=!in(a,b); several conditions separated by commas all apply",
-    )
+    "--label-selector", "--label_selector", metavar="KEY=VALUE[,...]",
+    help="run only on Ray nodes whose labels match, in Ray's forms: zone=a, zone=!a, "
+    "zone=in(a,b), zone=!in(a,b); several conditions separated by commas all apply",
+)
 _ACCELERATOR_TYPE_FLAG = cli(
-        "--accelerator-type", "--accelerator_type", metavar="TYPE",
-        help="run only on nodes with this accelerator type, as Ray names it (H100, A100, L4, ...: "
-        "the node's accelerator_type:TYPE resource)",
-    )
+    "--accelerator-type", "--accelerator_type", metavar="TYPE",
+    help="run only on nodes with this accelerator type, as Ray names it (H100, A100, L4, ...: "
+    "the node's accelerator_type:TYPE resource)",
+)
 _EXCLUDE_NODES_FLAG = cli(
-        "--exclude-nodes", "--exclude_nodes", metavar="NODE[,NODE...]",
-        help="never run on these nodes: Ray node ids (or their first 8+ characters) or IP addresses",
-    )
+    "--exclude-nodes", "--exclude_nodes", metavar="NODE[,NODE...]",
+    help="never run on these nodes: Ray node ids (or their first 8+ characters) or IP addresses",
+)
 _NUMA_BINDING_FLAG = cli(
-        "--numa-binding", "--numa_binding", parse=str.lower, choices=NUMA_BINDING_MODES, metavar="MODE",
-        help="torchrun's NUMA binding: before the script starts, bind each worker's threads to the "
-        "CPUs near its GPU (torch.numa.binding's node, socket, exclusive or core-complex). Where "
-        "a node gives no topology to bind by (no CUDA GPU, no NUMA information), nothing is bound "
-        "and local rank 0 there prints one line saying why",
-    )
+    "--numa-binding", "--numa_binding", parse=str.lower, choices=NUMA_BINDING_MODES, metavar="MODE",
+    help="torchrun's NUMA binding: before the script starts, bind each worker's threads to the "
+    "CPUs near its GPU (torch.numa.binding's node, socket, exclusive or core-complex). Where "
+    "a node gives no topology to bind by (no CUDA GPU, no NUMA information), nothing is bound "
+    "and local rank 0 there prints one line saying why",
+)
 _VIRTUAL_LOCAL_RANK_FLAG = cli(
-        "--virtual-local-rank", "--virtual_local_rank", action="store_true",
-        help="as torchrun: every worker sees only its own device(s) (CUDA_VISIBLE_DEVICES and the "
-        "like) and LOCAL_RANK=0, so its device is index 0",
-    )
+    "--virtual-local-rank", "--virtual_local_rank", action="store_true",
+    help="as torchrun: every worker sees only its own device(s) (CUDA_VISIBLE_DEVICES and the "
+    "like) and LOCAL_RANK=0, so its device is index 0",
+)
 _ROLE_FLAG = cli(
-        "--role", metavar="ROLE",
-        help="the workers' role name, as torchrun's: ROLE_NAME on every rank and ${{role_name}} "
-        "in TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (default: {default})",
-    )
+    "--role", metavar="ROLE",
+    help="the workers' role name, as torchrun's: ROLE_NAME on every rank and ${{role_name}} "
+    "in TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (default: {default})",
+)
 _MONITOR_INTERVAL_FLAG = cli(
-        "--monitor-interval", "--monitor_interval", parse=parse_seconds, metavar="SECONDS",
-        help="how often the driver looks at the cluster while the workers run (node drains, "
-        "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
-        "(default {default:g})",
-    )
+    "--monitor-interval", "--monitor_interval", parse=parse_seconds, metavar="SECONDS",
+    help="how often the driver looks at the cluster while the workers run (node drains, "
+    "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
+    "(default {default:g})",
+)
 _FLIGHT_RECORDER_FLAG = cli(
-        "--no-flight-recorder", action="store_true", to_option=lambda given: not given,
-        help="switch off torch's flight recorder in the workers (on by default, with a short "
-        "buffer): without it a hang's report cannot say at which collective the ranks diverged, "
-        "and no rank is named as a straggler",
-    )
+    "--no-flight-recorder", action="store_true", to_option=lambda given: not given,
+    help="switch off torch's flight recorder in the workers (on by default, with a short "
+    "buffer): without it a hang's report cannot say at which collective the ranks diverged, "
+    "and no rank is named as a straggler",
+)
 _POST_MORTEM_FLAG = cli(
-        "--post-mortem", action="store_true",
-        help="keep a rank that raises alive at its exception and open pdb there (in this "
-        "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
-    )
+    "--post-mortem", action="store_true",
+    help="keep a rank that raises alive at its exception and open pdb there (in this "
+    "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
+)
 
 
 @dataclass(frozen=True)
