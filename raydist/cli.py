@@ -30,6 +30,7 @@ from raydist import __version__
 from raydist.config import RunConfig, cli_options, option_default, parse_int
 from raydist.core.accelerators import ACCELERATOR_CHOICES
 from raydist.core.backend import backend_entry
+from raydist.pool.driver import signals
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -436,6 +437,7 @@ def execute(plan: RunPlan) -> int:
     connected_here = False
     try:
         connected_here = connect(plan.config.address, startup_timeout=plan.config.startup_timeout, standalone=plan.standalone)
+        signals.install(plan.config.signals_to_handle)  # again: ray.init sets its own SIGTERM handler
         # The group returns (or raises) once the ranks' output has reached this process.
         if plan.executable:
             run(run_executable, args=(plan.target, list(plan.script_args)), config=plan.config)
@@ -491,14 +493,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CliError as error:
         run_parser.error(str(error))  # usage, message, exit status 2
     _configure_ray_output()
+    signals.install(plan.config.signals_to_handle)  # whatever was inherited, as torchrun does
     try:
         return execute(plan)
     except CliError as error:
         print(f"raydist run: error: {error}", file=sys.stderr, flush=True)
         return error.status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a handled signal arrives as one too (see signals)
+        signum = signals.received()
+        if signum is not None:  # torchrun exits with 1 after a signal, too
+            print(f"raydist run: got {signals.SignalReceived(signum).name}; the workers were stopped", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
         print("raydist run: interrupted; workers stopped", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    finally:
+        signals.restore()
 
 
 if __name__ == "__main__":

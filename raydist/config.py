@@ -115,6 +115,12 @@ def check_resources(resources: Any) -> Dict[str, float]:
         for known in _RAY_RESOURCES:
             if name != known and name.lower() == known.lower():
                 raise ValueError(f"{where}: Ray's resource is spelled {known!r}")
+        if name == "object_store_memory":
+            raise ValueError(
+                f"{where}: Ray does not reserve object store memory per worker (deprecated in Ray, and "
+                "its raylet fails on it inside a placement group); leave it out: objects spill to disk "
+                "when the store is full. 'memory' (heap bytes per worker) is honoured"
+            )
         if _PLACEMENT_GROUP_RESOURCE.search(name):
             raise ValueError(f"{where}: names of this form are Ray's placement-group resources")
         if not _is_number(amount):
@@ -137,6 +143,26 @@ def _check_signal(name: Any) -> str:
     if not isinstance(name, str) or not isinstance(getattr(signal, name.upper(), None), signal.Signals):
         raise ValueError(f"preemption_signal must be a signal name such as 'SIGTERM' or 'SIGUSR1', got {name!r}")
     return name.upper()
+
+
+# Signals no process can handle.
+_UNHANDLED_SIGNALS = ("SIGKILL", "SIGSTOP")
+
+
+def check_signals_to_handle(value: Any) -> Tuple[str, ...]:
+    """torchrun's ``--signals-to-handle``: "SIGTERM,SIGINT" or a sequence of names."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)):
+        raise TypeError(f"signals_to_handle must be signal names such as 'SIGTERM,SIGINT', not {_type_name(value)} {value!r}")
+    checked = []
+    for name in names:
+        text = name.strip().upper() if isinstance(name, str) else name
+        if not isinstance(text, str) or not isinstance(getattr(signal, text, None), signal.Signals) or text in ("SIG_DFL", "SIG_IGN"):
+            raise ValueError(f"signals_to_handle: {name!r} is not a signal name such as 'SIGTERM'")
+        if text in _UNHANDLED_SIGNALS:
+            raise ValueError(f"signals_to_handle: {text} cannot be handled by any process")
+        checked.append(text)
+    return tuple(dict.fromkeys(checked))
 
 
 def reserved_env_vars() -> Tuple[FrozenSet[str], Tuple[str, ...]]:
@@ -538,6 +564,20 @@ _POST_MORTEM_FLAG = cli(
     "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
 )
 
+_SIGNALS_TO_HANDLE_FLAG = cli(
+    "--signals-to-handle", "--signals_to_handle", metavar="SIGNALS",
+    help="comma-separated signals `raydist run` handles, whatever it inherited (a background "
+    "job starts with SIGINT ignored), as torchrun does: each is forwarded to every rank, "
+    "then after --shutdown-timeout the workers are killed and the run exits with status 1 "
+    "(default: SIGTERM,SIGINT,SIGHUP,SIGQUIT; SLURM users often add SIGUSR1 or SIGUSR2). "
+    "raydist.run() in Python leaves its process's signal handling alone",
+)
+_SHUTDOWN_TIMEOUT_FLAG = cli(
+    "--shutdown-timeout", "--shutdown_timeout", parse=parse_seconds, metavar="SECONDS",
+    help="after forwarding a handled signal, how long to wait for the ranks to finish "
+    "(their handlers saving state) before killing them, as torchrun's option (default {default:g})",
+)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -615,6 +655,12 @@ class RunConfig:
         is named (``WorkerGroup.stragglers()``).
     post_mortem: keep a rank that raised alive at its exception, in pdb
         (in the launching terminal, or attached with ``raydist debug``).
+    signals_to_handle: the signals ``raydist run`` handles (torchrun's
+        ``--signals-to-handle``): forwarded to every rank, then after
+        ``shutdown_timeout`` the workers are killed. ``raydist.run()`` in
+        Python leaves the process's signal handling to the program.
+    shutdown_timeout: seconds to wait for the ranks after forwarding a
+        signal, before they are killed (torchrun's ``--shutdown-timeout``).
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
@@ -648,6 +694,9 @@ class RunConfig:
     monitor_interval: float = field(default=1.0, metadata=_MONITOR_INTERVAL_FLAG)
     flight_recorder: bool = field(default=True, metadata=_FLIGHT_RECORDER_FLAG)
     post_mortem: bool = field(default=False, metadata=_POST_MORTEM_FLAG)
+
+    signals_to_handle: Tuple[str, ...] = field(default=("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"), metadata=_SIGNALS_TO_HANDLE_FLAG)
+    shutdown_timeout: float = field(default=30.0, metadata=_SHUTDOWN_TIMEOUT_FLAG)
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -738,6 +787,8 @@ def _check_combinations(config: RunConfig) -> None:
     _set(config, "monitor_interval", check_seconds("monitor_interval", config.monitor_interval))
     _check_bool("flight_recorder", config.flight_recorder)
     _check_bool("post_mortem", config.post_mortem)
+    _set(config, "signals_to_handle", check_signals_to_handle(config.signals_to_handle))
+    _set(config, "shutdown_timeout", check_seconds("shutdown_timeout", config.shutdown_timeout))
 
 
 def _check_placement_options(config: RunConfig) -> None:

@@ -106,6 +106,13 @@ def is_using_distributed(env: Optional[Mapping[str, str]] = None) -> bool:
     return False
 
 
+def has_rendezvous(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when a launcher (torchrun, raydist) set where the process group
+    meets: MASTER_ADDR, MASTER_PORT and WORLD_SIZE, whatever the world size."""
+    env = os.environ if env is None else env
+    return all(name in env for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"))
+
+
 def is_using_horovod(env: Optional[Mapping[str, str]] = None) -> bool:
     """True under horovodrun/mpirun (OMPI_* or PMI_* rank and size) or raydist's horovod mode.
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from raydist.core.backend import TORCH_BACKEND, Backend, BackendEntry, backend_entry, load
 from raydist.core.devices import accelerator_type, device_type_of, is_device_available, is_indexed, set_device
-from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, is_using_distributed
+from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, has_rendezvous, is_using_distributed
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,18 @@ def _resolve_device(device: Optional[str]) -> str:
 
 
 def _choose_backend(
-    entry: BackendEntry, backend: Optional[str], dist_url: Optional[str], timeout: Optional[datetime.timedelta]
+    entry: BackendEntry,
+    backend: Optional[str],
+    dist_url: Optional[str],
+    timeout: Optional[datetime.timedelta],
+    world_of_one: bool = False,
 ) -> Optional[Backend]:
     """The backend this process joins its job through, built from ``entry``;
-    None outside any job (torch.distributed without launcher variables). Any
-    other backend is used as asked, in one process too, as horovod is."""
-    if entry.name == TORCH_BACKEND and not is_using_distributed():
+    None outside any job (torch.distributed without launcher variables, or
+    with a world of one unless ``world_of_one`` and the launcher's rendezvous
+    variables are set). Any other backend is used as asked, in one process
+    too, as horovod is."""
+    if entry.name == TORCH_BACKEND and not is_using_distributed() and not (world_of_one and has_rendezvous()):
         return None
     # The name goes along when it is not the entry's own: torch.distributed's "gloo", "nccl", ...
     own_name = backend is None or backend.strip().lower() == entry.name
@@ -104,6 +110,7 @@ def init_distributed(
     horovod: bool = False,
     no_set_device_rank: bool = False,
     timeout: Union[None, float, datetime.timedelta] = None,
+    world_of_one: bool = False,
 ) -> DistInfo:
     """Initialise torch.distributed (or horovod) from the launcher environment.
 
@@ -115,7 +122,11 @@ def init_distributed(
     variables (world size 1) nothing is initialised. In distributed mode the
     device is pinned to this process's own (``DistInfo.device_index``: under
     raydist the worker's first device, else the local rank as under torchrun)
-    unless ``no_set_device_rank``. Calling it again returns the existing record.
+    unless ``no_set_device_rank``. ``world_of_one``: a launcher that set
+    MASTER_ADDR/MASTER_PORT for one process gets a process group of one too
+    (raydist's workers, which were asked for a process group, pass it), so
+    code that calls collectives runs the same on one rank as on many.
+    Calling it again returns the existing record.
     """
     global _context, _backend
     if isinstance(timeout, (int, float)):
@@ -127,18 +138,15 @@ def init_distributed(
         device = _resolve_device(device)
         device_type = device_type_of(device)
         entry = backend_entry("horovod" if horovod else backend)
-        chosen = _choose_backend(entry, backend, dist_url, timeout)
+        chosen = _choose_backend(entry, backend, dist_url, timeout, world_of_one)
         world = chosen.init(device_type) if chosen is not None else WorldInfo()
         distributed = chosen is not None
 
         # Computed from the kind asked for, so that it is right even where
         # torch fell back to CPU (fake devices in tests).
         device_index = _device_index(requested, world.local_rank, distributed)
-        if distributed and not no_set_device_rank and is_indexed(device_type):
-            if ":" in device and device != f"{device_type}:{device_index}":
-                warnings.warn(f"device index removed from {device}: using this process's device {device_index}")
-            device = f"{device_type}:{device_index}"
-            set_device(device)
+        if distributed and not no_set_device_rank:
+            device = _pin_device(device, device_type, device_index)
 
         _context = DistInfo(
             rank=world.rank,
@@ -154,6 +162,17 @@ def init_distributed(
         )
         _backend = chosen
         return _context
+
+
+def _pin_device(device: str, device_type: str, device_index: Optional[int]) -> str:
+    """This process's own device of an indexed kind, made current (others are left as named)."""
+    if device_index is None or not is_indexed(device_type):
+        return device
+    if ":" in device and device != f"{device_type}:{device_index}":
+        warnings.warn(f"device index removed from {device}: using this process's device {device_index}")
+    device = f"{device_type}:{device_index}"
+    set_device(device)
+    return device
 
 
 def get_context() -> DistInfo:

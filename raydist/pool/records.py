@@ -18,11 +18,18 @@ if TYPE_CHECKING:
 class WorkerEvidence:
     """Where one worker process leaves what it wrote and how it ended (paths on its node)."""
 
-    stderr_path: Optional[str]  # the file Ray sends this process's stderr to
-    exit_note_path: str  # os._exit(n) writes n here first
+    stderr_path: Optional[str]  # the file Ray sends this process's stderr to (Ray's, never removed by raydist)
+    exit_note_path: str  # os._exit(n) writes n here first; a fatal signal -n
     stack_path: str  # faulthandler writes the stacks here on STACK_SIGNAL
     preemption_path: str  # the driver writes the drain deadline here (see raydist.core.preemption)
     diagnostics_path: str = ""  # the worker's diagnostics socket (its flight recorder, on request)
+    error_path: str = ""  # TORCHELASTIC_ERROR_FILE when no log directory on this node holds it
+
+    @property
+    def own_files(self) -> Tuple[str, ...]:
+        """The files raydist made for this process, removed once it is gone."""
+        paths = (self.exit_note_path, self.stack_path, self.preemption_path, self.error_path, self.diagnostics_path)
+        return tuple(p for p in paths if p)
 
     @classmethod
     def for_process(cls, pid: int, scratch_dir: str) -> "WorkerEvidence":
@@ -36,6 +43,7 @@ class WorkerEvidence:
             stack_path=os.path.join(scratch_dir, f"stacks-{pid}"),
             preemption_path=os.path.join(scratch_dir, f"preempted-{pid}"),
             diagnostics_path=os.path.join(scratch_dir, f"diag-{pid}.sock"),
+            error_path=os.path.join(scratch_dir, f"error-{pid}.json"),
         )
 
 

@@ -496,9 +496,8 @@ def test_a_record_script_shows_its_error_file_as_torchrun_does(cli_env: Dict[str
     script = "tests/scripts/record_fail.py"
     ours = raydist(["run", "-n", "2", "--accelerator", "cpu", script], cli_env)
     assert ours.returncode == 1, explain(ours)
-    error_file = re.search(r"\(error file (\S+/1/error\.json): ValueError: shard 1 is corrupt \(recorded\)\)", ours.stderr)
-    assert error_file, explain(ours)
-    assert os.path.isfile(error_file.group(1))
+    # Without a log directory the file was raydist's scratch, gone with the worker: not named.
+    assert "(its error file: ValueError: shard 1 is corrupt (recorded))" in ours.stderr, explain(ours)
     torchrun = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
         cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,

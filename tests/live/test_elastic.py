@@ -208,14 +208,11 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
     drained_at = time.time()
     drain(cluster, drained, deadline_s=20)
     results = finish(outcome)
-    # Every rank there was told the deadline (where preemption_requested() reads it); no other rank was.
-    for rank in first:
-        told = Path(rank["preemption_file"])
-        assert told.exists() == (rank["rank"] in ranks_there), rank
-        if told.exists():
-            assert 15 <= float(told.read_text()) - drained_at <= 25  # the drain's deadline
-    # And got SIGTERM: a handler read the deadline before the node went. (A rank blocked
-    # in a collective with a peer that already left may be torn down before its handler runs.)
+    # The note each rank read its deadline from went with its process (nothing is left behind).
+    assert not any(Path(rank["preemption_file"]).exists() for rank in first)
+    # Ranks there got SIGTERM, no others: a handler read the deadline (preemption_requested())
+    # before the node went. (A rank blocked in a collective with a peer that already left may
+    # be torn down before its handler runs.)
     warned = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("preempted-*.json")}
     assert warned and set(warned) <= set(ranks_there)
     for note in warned.values():

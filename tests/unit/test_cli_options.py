@@ -65,6 +65,9 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     # Added with the flight recorder and pdb on any rank.
     ("--no-flight-recorder",): ("flight_recorder", None, "_StoreTrueAction", None),
     ("--post-mortem",): ("post_mortem", None, "_StoreTrueAction", None),
+    # torchrun's, added since the table.
+    ("--signals-to-handle", "--signals_to_handle"): ("signals_to_handle", "SIGNALS", "_StoreAction", None),
+    ("--shutdown-timeout", "--shutdown_timeout"): ("shutdown_timeout", "SECONDS", "_StoreAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
@@ -81,6 +84,7 @@ OLD_FLAG_OF_OPTION = {
     "accelerator_type": "--accelerator-type", "exclude_nodes": "--exclude-nodes", "numa_binding": "--numa-binding",
     "virtual_local_rank": "--virtual-local-rank", "role": "--role", "monitor_interval": "--monitor-interval",
     "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
+    "signals_to_handle": "--signals-to-handle", "shutdown_timeout": "--shutdown-timeout",
 }
 
 

@@ -108,6 +108,18 @@ def connect(address: Optional[str] = None, *, startup_timeout: float = 300.0, st
     """
     if ray.is_initialized():
         return False
+    with _connect_lock:  # threads making their first run at once share one Ray
+        if ray.is_initialized():
+            return False
+        return _connect(address, startup_timeout, standalone)
+
+
+# Two threads that both saw no Ray would each start one; Ray then kills the process.
+_connect_lock = threading.Lock()
+
+
+def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -> bool:
+    ray_private.quiet_token_notice()
     address, source = resolve_address(address, standalone)
     if address in (None, "local"):
         ray.init(address=address, **PRIVATE_RAY_OPTIONS)

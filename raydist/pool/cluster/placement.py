@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from tqdm.auto import tqdm
 
 from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster import ray_private
+from raydist.pool.progress import progress
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request, elastic_size, selection_text
 from raydist.pool.rules.text import fmt_resources, per_node_text
@@ -47,7 +47,7 @@ def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, i
         raise InfeasibleResourcesError(reason)
     bundle, selector = request.bundle, request.selection.ray_selector(alive_nodes())
     deadline = time.monotonic() + startup_timeout
-    with tqdm(total=min_size, desc="raydist: workers placed", unit="bundle" if request.per_bundle > 1 else "worker", delay=5.0) as bar:
+    with progress(min_size, "raydist: workers placed", unit="bundle" if request.per_bundle > 1 else "worker") as bar:
         while True:
             size = max_size if min_size == max_size else elastic_size(min_size, max_size, room_for(request))
             if size is not None:
@@ -99,7 +99,7 @@ def room_for(request: Request, taken: Sequence[str] = ()) -> int:
     return request.room(ray_private.available_resources_per_node(), nodes, taken)
 
 
-def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: tqdm, deadline: float) -> bool:
+def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: Any, deadline: float) -> bool:
     ready = pg.ready()
     while True:
         remaining = deadline - time.monotonic()

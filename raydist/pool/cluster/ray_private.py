@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import logging
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 import ray
 
@@ -156,3 +156,43 @@ def shutdown_ray() -> None:
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
         warn_once("monitor", f"cannot stop Ray's monitor early ({type(error).__name__}: {error}); shutdown takes ~1 s longer")
     ray.shutdown()
+
+
+class _TokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled for this Ray cluster")
+
+
+def quiet_token_notice() -> None:
+    """Drop Ray's "Token authentication is enabled" notice, logged on every
+    private start: it says nothing about the user's run (the warning that
+    authentication is *disabled* stays). No public setting silences one
+    message; the logger's name is Ray's module path."""
+    target = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _TokenNotice) for f in target.filters):
+        target.addFilter(_TokenNotice())
+
+
+def drop_raylet_messages(drop: Callable[[List[str]], bool]) -> None:
+    """Keep Ray's "(raylet) ..." messages whose lines ``drop`` accepts off
+    the driver's console (the last ``drop`` given decides).
+
+    Ray prints the raylet's error messages (a worker's death, at length)
+    through ``ray._private.worker.print_to_stdstream``, not through the
+    printer of worker output; no public API filters them.
+    """
+    try:
+        from ray._private import worker as ray_worker
+
+        printer = ray_worker.print_to_stdstream
+        original = getattr(printer, "__raydist_original__", printer)
+
+        def print_to_stdstream(data: Dict[str, Any], ignore_prefix: bool) -> None:
+            if data.get("pid") == "raylet" and drop(list(data.get("lines") or [])):
+                return
+            original(data, ignore_prefix)
+
+        print_to_stdstream.__raydist_original__ = original  # type: ignore[attr-defined]
+        ray_worker.print_to_stdstream = print_to_stdstream
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("raylet", f"cannot filter Ray's worker-death messages ({type(error).__name__}: {error}); they are printed")

@@ -1,10 +1,17 @@
-"""The driver's side of a group's node agents: start one per node, ask them
-for evidence, stacks or a preemption warning, and explain dead ranks."""
+"""The driver's side of a group's node agents: what reads evidence, dumps
+stacks, forwards signals and warns of a preemption on each node.
+
+On the driver's own node the driver does it itself (a plain ``NodeAgent``
+in this process: the ranks there are this machine's processes), so a
+single-node run starts no extra process. On every other node a
+``NodeAgent`` actor starts once the group is up, off the start path: it
+must exist before a drain, since a draining node accepts no new actors.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -15,50 +22,86 @@ from raydist.pool.rules.explain import explain_death
 from raydist.pool.worker.evidence import NodeAgent
 
 EVIDENCE_TIMEOUT_S = 10.0
+Requests = List[Tuple[int, int, WorkerEvidence]]  # (rank, pid, evidence) on one node
 
 
-def start_agents(node_ids: Sequence[str]) -> Dict[str, object]:
-    """One NodeAgent per node, pinned there."""
+def driver_node() -> Optional[str]:
+    """This driver's node id; None through Ray Client (its files are on another machine)."""
+    try:
+        if ray.util.client.ray.is_connected():
+            return None
+    except Exception:  # noqa: BLE001 - no Ray Client support in this Ray: a plain driver
+        pass
+    return ray.get_runtime_context().get_node_id()
 
-    remote_agent = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
-    return {
-        node_id: remote_agent.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-        for node_id in dict.fromkeys(node_ids)
-    }
 
-def ask_agents(
-    agents: Dict[str, object],
-    workers: Sequence["WorkerInfo"],
-    ranks: Sequence[int],
-    method: str,
-    *args: object,
-    timeout: float = EVIDENCE_TIMEOUT_S,
-) -> Dict[int, object]:
-    """``NodeAgent.<method>`` for ``ranks``, one call per node, in parallel;
-    ranks whose node (or agent) does not answer within ``timeout`` are left out."""
+class NodeAgents:
+    """One group's agents: this process on ``local_node``, an actor elsewhere."""
 
-    by_node: Dict[str, List[Tuple[int, int, WorkerEvidence]]] = {}
-    for rank in ranks:
-        worker = workers[rank]
-        if worker.evidence is not None and worker.node_id in agents:
-            by_node.setdefault(worker.node_id, []).append((rank, worker.pid, worker.evidence))
-    refs = [getattr(agents[node], method).remote(requests, *args) for node, requests in by_node.items()]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    found: Dict[int, object] = {}
-    for ref in ready:
-        try:
-            found.update(ray.get(ref))
-        except Exception:  # noqa: BLE001 - an agent whose node went away: that evidence is missing
-            pass
-    return found
+    def __init__(self, local_node: Optional[str]):
+        self.local_node = local_node
+        self._here = NodeAgent()
+        self._actors: Dict[str, Any] = {}  # node id -> NodeAgent actor
 
-def explain_deaths(failures: Sequence["WorkerFailure"], workers: Sequence["WorkerInfo"], agents: Dict[str, object]) -> List["WorkerFailure"]:
+    def start(self, node_ids: Sequence[str]) -> None:
+        """An actor on each of ``node_ids`` but the driver's (returns at once)."""
+        remote_agent = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
+        for node_id in dict.fromkeys(node_ids):
+            if node_id != self.local_node and node_id not in self._actors:
+                strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+                self._actors[node_id] = remote_agent.options(scheduling_strategy=strategy).remote()
+
+    @property
+    def actors(self) -> List[Any]:
+        return list(self._actors.values())
+
+    def actor_on(self, node_id: str) -> Optional[Any]:
+        """The agent actor on ``node_id``; None on the driver's node (answered here) or where none started."""
+        return self._actors.get(node_id)
+
+    def forget(self) -> List[Any]:
+        """The actors, handed over to be killed."""
+        actors, self._actors = self.actors, {}
+        return actors
+
+    def ask(
+        self,
+        workers: Sequence[WorkerInfo],
+        ranks: Sequence[int],
+        method: str,
+        *args: object,
+        timeout: float = EVIDENCE_TIMEOUT_S,
+        start_missing: bool = True,
+    ) -> Dict[int, object]:
+        """``NodeAgent.<method>`` for ``ranks``, one call per node, in parallel;
+        ranks whose node (or agent) does not answer within ``timeout`` are
+        left out, and so are nodes without an agent unless ``start_missing``."""
+        by_node: Dict[str, Requests] = {}
+        for rank in ranks:
+            worker = workers[rank]
+            if worker.evidence is not None:
+                by_node.setdefault(worker.node_id, []).append((rank, worker.pid, worker.evidence))
+        here = by_node.pop(self.local_node, []) if self.local_node is not None else []
+        if start_missing:
+            self.start(list(by_node))  # agents that are not there yet (a failure during start-up)
+        refs = [getattr(self._actors[node], method).remote(requests, *args) for node, requests in by_node.items() if node in self._actors]
+        found: Dict[int, object] = dict(getattr(self._here, method)(here, *args)) if here else {}
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        for ref in ready:
+            try:
+                found.update(ray.get(ref))
+            except Exception:  # noqa: BLE001 - an agent whose node went away: that evidence is missing
+                pass
+        return found
+
+
+def explain_deaths(failures: Sequence[WorkerFailure], workers: Sequence[WorkerInfo], agents: NodeAgents) -> List[WorkerFailure]:
     """``failures`` with each dead process's cause and last stderr lines,
     read on its node (a rank whose node is gone says so)."""
     dead = [f.rank for f in failures if f.crashed and f.rank < len(workers)]
     if not dead or not ray.is_initialized():
         return list(failures)
-    found = ask_agents(agents, workers, dead, "evidence")
+    found = agents.ask(workers, dead, "evidence")
     alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
     explained = []
     for failure in failures:

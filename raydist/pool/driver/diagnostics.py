@@ -9,7 +9,6 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 import ray
 
 from raydist.config import RunConfig
-from raydist.pool.driver.agents import ask_agents
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.startup import Members
 from raydist.pool.driver.stragglers import StragglerWatch
@@ -48,7 +47,7 @@ class GroupDiagnostics:
         members = self._members()
         if members is None:
             return ""
-        found = ask_agents(members.agents, members.workers, list(ranks), "stacks")
+        found = members.agents.ask(members.workers, list(ranks), "stacks")
         return format_stacks({rank: found.get(rank) for rank in ranks})  # type: ignore[misc]
 
     def collectives(self, known: Mapping[int, Any]) -> str:
@@ -58,7 +57,7 @@ class GroupDiagnostics:
             return ""
         size = len(members.workers)
         others = [rank for rank in range(size) if rank not in known]
-        found = ask_agents(members.agents, members.workers, others, "collectives") if others else {}
+        found = members.agents.ask(members.workers, others, "collectives") if others else {}
         return where_collectives_are({rank: known.get(rank, found.get(rank)) for rank in range(size)})
 
     def stragglers(self, refresh: bool) -> List[Straggler]:

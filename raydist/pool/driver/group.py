@@ -10,6 +10,7 @@ killed, not waited for) and raises the error for that ending.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -30,7 +31,8 @@ from raydist.errors import (
 )
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
-from raydist.pool.driver.agents import ask_agents, explain_deaths
+from raydist.pool.driver import signals
+from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.diagnostics import GroupDiagnostics
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
@@ -38,13 +40,15 @@ from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, WorkerInfo
+from raydist.pool.records import CallEnd, Outcome, WorkerInfo
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.stragglers import Straggler
 
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
+
+logger = logging.getLogger("raydist")
 
 __all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call"]
 
@@ -229,7 +233,10 @@ class WorkerGroup:
         try:
             waited = wait_for_ranks(future.refs, limit, self.workers, None, future.actors)
         except BaseException as error:  # KeyboardInterrupt included: leave nothing running
-            self.shutdown(graceful=False)
+            try:
+                _forward(self, error, future)
+            finally:
+                self.shutdown(graceful=False)
             if connected_session() != self._session:
                 raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
             raise
@@ -324,7 +331,8 @@ def _stop_then_settle(group: WorkerGroup, number: int, waited: Waited) -> None:
         group._members.output = None
     group.shutdown(graceful=False)
     if output is not None:
-        output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        # A rank whose value could not come back marked only what it printed: not waited for.
+        output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed and f.rank not in waited.unsent])
         output.close()
 
 
@@ -339,8 +347,8 @@ def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, g
     if end is CallEnd.TIMED_OUT:
         return WorkerGroupTimeout(limit, waited.pending, group._diagnostics.stacks(waited.pending), group._diagnostics.collectives({}))
     failures = waited.failures
-    if end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST:
-        failures = explain_deaths(failures, group.workers, group._members.agents if group._members else {})
+    if (end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST) and group._members is not None:
+        failures = explain_deaths(failures, group.workers, group._members.agents)
     drained = group.drained_nodes
     known = {f.rank: f.collectives for f in failures if f.collectives}
     collectives = group._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
@@ -349,6 +357,48 @@ def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, g
     )
     error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
     return error
+
+
+def _forward(group: WorkerGroup, error: BaseException, future: WorkerFuture) -> None:
+    """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
+    send it to every rank (as torchrun does: their handlers can save state),
+    then wait up to ``shutdown_timeout`` for them to finish and for what they
+    printed meanwhile."""
+    signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
+    members = group._members
+    if signum is None or members is None or not members.actors:
+        return
+    logger.warning(
+        "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
+        signals.SignalReceived(signum).name, group.config.shutdown_timeout,
+    )
+    members.agents.ask(group.workers, range(group.num_workers), "signal", signum)
+    deadline = time.monotonic() + group.config.shutdown_timeout
+    pending = list(future.refs)
+    while pending and not signals.hurried() and time.monotonic() < deadline:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+    if members.output is not None:  # what the ranks' handlers printed, before the files close
+        values, failed = _finished_values(future.refs, pending)
+        members.output.settle(future.number, values, failed)
+
+
+def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> "tuple[List[Any], List[int]]":
+    """Each finished rank's value (None for the others) and the ranks whose
+    code raised or exited (both their streams carry a marker)."""
+    values: List[Any] = [None] * len(refs)
+    failed: List[int] = []
+    for rank, ref in enumerate(refs):
+        if ref in pending:
+            continue
+        try:
+            outcome = ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - a rank that died marks nothing
+            continue
+        if isinstance(outcome, Outcome) and not outcome.ok:
+            failed.append(rank)
+        else:
+            values[rank] = outcome.value if isinstance(outcome, Outcome) else outcome
+    return values, failed
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:
@@ -369,7 +419,7 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
     sizes = config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
-        ask_agents(members.agents, members.workers, ranks, "preempt", deadline, config.preemption_signal)
+        members.agents.ask(members.workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
 
     def stop() -> None:
         alive = ref()

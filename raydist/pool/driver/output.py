@@ -9,12 +9,12 @@ import logging
 import sys
 import threading
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from raydist.pool.cluster.ray_private import warn_once, wrap_worker_output_printer
+from raydist.pool.cluster.ray_private import drop_raylet_messages, warn_once, wrap_worker_output_printer
 from raydist.pool.driver.log_files import RankLog
 from raydist.pool.records import WorkerInfo
-from raydist.pool.rules.logs import RankRoute, console_prefix, split_forwarded
+from raydist.pool.rules.logs import RankRoute, console_prefix, raylet_death_report_of, split_forwarded
 from raydist.pool.worker.markers import MARKER_VAR, Printed
 
 logger = logging.getLogger("raydist")
@@ -40,6 +40,7 @@ class OutputRouter:
         self._ranks: Dict[Key, RankLog] = {}
         self._marks: Dict[Tuple[Key, bool], int] = {}  # the last call marked, per stream
         self._print: Optional[Printer] = None
+        self._pids: Set[str] = set()  # every rank's pid this router followed (Ray's reports of their deaths are dropped)
 
     @classmethod
     def install(cls) -> Optional["OutputRouter"]:
@@ -50,7 +51,14 @@ class OutputRouter:
             if not wrap_worker_output_printer(router._wrap):
                 return None
             cls._instance = router
+            drop_raylet_messages(router._drops)
             return router
+
+    def _drops(self, lines: List[str]) -> bool:
+        """Ray's report of a followed rank's death: raydist's error names the rank and how it died."""
+        with self._changed:
+            pids = set(self._pids)
+        return raylet_death_report_of(lines, pids)
 
     def _wrap(self, printer: Printer) -> Printer:
         if printer == self._handle:
@@ -62,6 +70,7 @@ class OutputRouter:
         keys: List[Key] = [(worker.node_ip, str(worker.pid)) for worker in workers]
         with self._changed:
             self._ranks.update(zip(keys, logs))
+            self._pids.update(pid for _, pid in keys)
         return keys
 
     def detach(self, keys: Iterable[Key]) -> None:

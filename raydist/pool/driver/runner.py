@@ -29,7 +29,8 @@ class Attempts:
 
     errors: List[BaseException] = field(default_factory=list)  # earlier attempts' errors, oldest first
     counted: int = 0  # restarts counted against max_restarts
-    size: int = 0  # the last attempt's world size
+    size: int = 0  # the last started attempt's world size
+    started: bool = False  # whether the latest attempt's group started
     node_order: List[str] = field(default_factory=list)  # the last attempt's nodes, in node-rank order
     held: Dict[str, Dict[str, float]] = field(default_factory=dict)  # what its workers held, per node
 
@@ -58,15 +59,18 @@ def run_with_restarts(config: RunConfig, call: bytes) -> List[Any]:
                 raise
             attempts.counted += decision.restart.counted
             attempts.errors.append(error)
-            logger.warning(restart_line(decision.restart, attempts.size, len(attempts.errors), config.max_restarts, attempts.counted))
+            old_size = attempts.size if attempts.started else 0
+            logger.warning(restart_line(decision.restart, old_size, len(attempts.errors), config.max_restarts, attempts.counted))
 
 
 def _attempt(config: RunConfig, call: bytes, logs: RunLogs, attempts: Attempts) -> List[Any]:
     number = len(attempts.errors)
+    attempts.started = False
     with WorkerGroup(config=config, restart_count=number, logs=logs, node_order=attempts.node_order) as group:
         if number:
             logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
         attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
+        attempts.started = True
         return group.submit_prepared(call).result()
 
 

@@ -9,25 +9,28 @@ failure or an interrupt at any step releases all of it before it propagates.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from tqdm.auto import tqdm
 
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
 from raydist.pool.cluster.placement import alive_nodes, reserve
-from raydist.pool.driver.agents import explain_deaths, start_agents
+from raydist.pool.driver.agents import NodeAgents, driver_node, explain_deaths
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.waiting import wait_for_ranks
+from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
+from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
     NodeSelection,
@@ -39,6 +42,7 @@ from raydist.pool.rules.sizing import (
     worker_bundle,
 )
 from raydist.pool.worker.actor import RayWorker
+from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
 
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
@@ -59,8 +63,9 @@ class Members:
     actors: List[Any] = field(default_factory=list)  # by rank once ranks are assigned
     workers: List[WorkerInfo] = field(default_factory=list)  # by rank
     contexts: List[Optional["DistInfo"]] = field(default_factory=list)
-    agents: Dict[str, Any] = field(default_factory=dict)  # node id -> NodeAgent
+    agents: NodeAgents = field(default_factory=lambda: NodeAgents(None))
     output: Optional[GroupOutput] = None
+    routes: List[RankRoute] = field(default_factory=list)  # by rank: where its output goes
 
     def held_resources(self) -> Dict[str, Dict[str, float]]:
         """What the workers hold on each node (node id -> amounts)."""
@@ -73,10 +78,10 @@ class Members:
 
 
 def release(members: Members, graceful: bool) -> None:
-    """Leave the process group (if ``graceful``), kill the actors and node
-    agents, free the placement group; returns once Ray reports them dead."""
+    """Leave the process group (if ``graceful``), kill the actors, free the
+    placement group, remove the workers' evidence files, kill the node
+    agents; returns once Ray reports them dead."""
     actors = [actor for actor in members.actors if actor is not None]
-    agents = list(members.agents.values())
     try:
         if graceful and actors:
             try:
@@ -84,14 +89,25 @@ def release(members: Members, graceful: bool) -> None:
             except Exception:  # noqa: BLE001 - the actors are killed below regardless
                 pass
     finally:  # an interrupt during the graceful part must not leave the actors alive
-        for actor in [*actors, *agents]:
+        for actor in actors:
             ray.kill(actor, no_restart=True)
         if members.pg is not None:
             remove_placement_group(members.pg)
-        members.actors, members.agents, members.pg = [], {}, None
-    if actors or agents:
-        # A call on a killed actor fails once Ray knows it is dead.
-        pings = [actor.ping.remote() for actor in [*actors, *agents]]
+        members.actors, members.pg = [], None
+        _wait_dead(actors)
+        try:  # the processes are gone: what they left on their nodes goes too
+            members.agents.ask(members.workers, range(len(members.workers)), "remove", timeout=TEARDOWN_TIMEOUT_S, start_missing=False)
+        finally:
+            agents = members.agents.forget()
+            for agent in agents:
+                ray.kill(agent, no_restart=True)
+            _wait_dead(agents)
+
+
+def _wait_dead(actors: List[Any]) -> None:
+    """Until Ray reports ``actors`` dead (a call on a killed actor fails once it knows)."""
+    if actors:
+        pings = [actor.ping.remote() for actor in actors]
         ray.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
 
 
@@ -124,6 +140,8 @@ class GroupBuilder:
             placements = self._describe(members)
             self._assign(members, placements)
             self._set_up(members, placements[members.workers[0].actor_index].free_port)
+            # Off the start path: the other nodes' agents start while the first call runs.
+            members.agents.start([worker.node_id for worker in members.workers])
             return members
         except BaseException:  # KeyboardInterrupt included: leave nothing running
             self.abandon(members)
@@ -155,7 +173,7 @@ class GroupBuilder:
                 )
             sizes = (count, count)
         request = placement_request(config, bundle, sizes)
-        members = Members(accelerator, bundle, request)
+        members = Members(accelerator, bundle, request, agents=NodeAgents(driver_node()))
         members.pg, size = reserve(request, config.startup_timeout)
         members.actors = [None] * (size * request.per_bundle)
         return members
@@ -164,12 +182,15 @@ class GroupBuilder:
         """One actor per worker; under the node layout, ``per_bundle`` actors share each node's bundle."""
         bundle, pg, per_bundle = members.bundle, members.pg, members.request.per_bundle
         assert pg is not None, "reserved in the step before"
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        # Ray takes its own resources as actor options; a bundle takes them all as amounts.
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
+        memory = {"memory": bundle["memory"]} if bundle.get("memory") else {}
         for index in range(len(members.actors)):
             members.actors[index] = _RemoteWorker.options(
                 num_cpus=bundle.get("CPU", 0),
                 num_gpus=bundle.get("GPU", 0),
                 resources=custom,
+                **memory,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index // per_bundle),
             ).remote(members.accelerator.ray_resource)
 
@@ -183,10 +204,9 @@ class GroupBuilder:
             broken = node_layout_broken(members.workers, members.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
-        members.agents = start_agents([w.node_id for w in members.workers])  # ready by the time they are needed
         members.actors = [members.actors[w.actor_index] for w in members.workers]  # now indexed by rank
-        routes = self._logs.attempt(self._restart_count, members.workers)
-        members.output = GroupOutput(members.workers, routes, self._router)
+        members.routes = self._logs.attempt(self._restart_count, members.workers)
+        members.output = GroupOutput(members.workers, members.routes, self._router)
 
     def _set_up(self, members: Members, master_port: int) -> None:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
@@ -213,7 +233,8 @@ class GroupBuilder:
                     config=config,
                     accelerator=members.accelerator,
                     cpus=members.bundle.get("CPU", 1),
-                    extra={**self._extra_env, **backend_env, **output_env},
+                    extra={**self._extra_env, **backend_env, **output_env, **self._output_env(members, worker)},
+                    error_file=self._error_file(members, worker),
                 ),
                 config=config,
                 device_type=members.accelerator.device_type,
@@ -223,10 +244,24 @@ class GroupBuilder:
             for worker, backend_env in zip(workers, extra)
         ]
 
+    @staticmethod
+    def _error_file(members: Members, worker: WorkerInfo) -> Optional[str]:
+        """The rank's error.json in its attempt directory, as torchrun puts it,
+        when that directory is on the rank's machine (the driver's node)."""
+        route = members.routes[worker.rank] if worker.rank < len(members.routes) else None
+        if route is None or route.directory is None or worker.node_id != members.agents.local_node:
+            return None
+        return os.path.join(route.directory, "error.json")
+
+    @staticmethod
+    def _output_env(members: Members, worker: WorkerInfo) -> Dict[str, str]:
+        route = members.routes[worker.rank] if worker.rank < len(members.routes) else None
+        return {TRACEBACK_TO_STDERR_VAR: "1"} if route is not None and route.stderr.file else {}
+
     def _await(self, members: Members, refs: List[ray.ObjectRef], stage: str) -> List[Any]:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
-        with tqdm(total=len(refs), desc=f"raydist: workers {stage}", unit="worker", delay=5.0) as bar:
+        with progress(len(refs), f"raydist: workers {stage}") as bar:
             waited = wait_for_ranks(refs, timeout, members.workers, bar)
         if waited.failures:
             failures = explain_deaths(waited.failures, members.workers, members.agents)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 import ray
 
 from raydist.pool.records import CollectiveEntry, WorkerInfo
 from raydist.pool.rules.stragglers import Straggler, find_stragglers
+
+if TYPE_CHECKING:
+    from raydist.pool.driver.agents import NodeAgents
 
 logger = logging.getLogger("raydist")
 
@@ -30,9 +33,9 @@ CLOCK_SAMPLES = 3
 class StragglerWatch:
     """Polls the ranks' recorders; ``stragglers`` is the latest verdict."""
 
-    def __init__(self, workers: Sequence[WorkerInfo], agents: Mapping[str, Any], interval: float = POLL_INTERVAL_S):
+    def __init__(self, workers: Sequence[WorkerInfo], agents: "NodeAgents", interval: float = POLL_INTERVAL_S):
         self._workers = list(workers)
-        self._agents = dict(agents)
+        self._agents = agents
         self._interval = interval
         self._history: Dict[int, Dict[Tuple[str, int], CollectiveEntry]] = {w.rank: {} for w in self._workers}
         self._offsets: Dict[int, int] = {}
@@ -66,9 +69,8 @@ class StragglerWatch:
 
     def poll(self) -> List[Straggler]:
         """Read every rank's recorder once, update the verdict, name new stragglers."""
-        from raydist.pool.driver.agents import ask_agents
-
-        found = ask_agents(self._agents, self._workers, [w.rank for w in self._workers], "collectives", timeout=5.0)
+        ranks = [w.rank for w in self._workers]
+        found = self._agents.ask(self._workers, ranks, "collectives", timeout=5.0, start_missing=False)
         for rank, entries in found.items():
             kept = self._history[rank]
             for entry in entries or ():  # type: ignore[attr-defined]
@@ -94,11 +96,10 @@ class StragglerWatch:
     def _clock_offsets(self) -> Dict[int, int]:
         """Each rank's clock minus the driver's (ns), per node, from the
         fastest of a few round trips to its agent; 0 on the driver's node."""
-        here = ray.get_runtime_context().get_node_id()
         by_node: Dict[str, int] = {}
-        for node, agent in self._agents.items():
-            if node == here:
-                by_node[node] = 0
+        for node in dict.fromkeys(w.node_id for w in self._workers):
+            agent = self._agents.actor_on(node)
+            if agent is None:  # the driver's node, answered in this process
                 continue
             samples = []
             for _ in range(CLOCK_SAMPLES):

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import ray
-from ray.exceptions import RayActorError
-from tqdm.auto import tqdm
+from ray.exceptions import RayActorError, RaySystemError
 
 from raydist.errors import WorkerFailure
 from raydist.pool.records import WorkerInfo
@@ -35,13 +34,14 @@ class Waited:
     results: List[Any]
     failures: List[WorkerFailure] = field(default_factory=list)
     pending: List[int] = field(default_factory=list)
+    unsent: List[int] = field(default_factory=list)  # ranks whose value could not come back (markers unknown)
 
 
 def wait_for_ranks(
     refs: Sequence[ray.ObjectRef],
     timeout: Optional[float],
     workers: Sequence[WorkerInfo],
-    progress: Optional[tqdm] = None,
+    progress: Optional[Any] = None,  # a tqdm-like bar
     actors: Optional[Sequence[Any]] = None,
 ) -> Waited:
     """Wait for ``refs`` (indexed by rank) until all are done, one fails
@@ -104,6 +104,8 @@ def _take(
         except Exception as error:  # noqa: BLE001 - a start-up step raised, or a result could not travel
             text = _unsendable_result(rank, error, actors[rank]) if actors is not None else str(error)
             waited.failures.append(rank_failure(rank, worker, traceback=text))
+            if actors is not None:
+                waited.unsent.append(rank)
             continue
         if isinstance(value, Outcome):
             if not value.ok:
@@ -114,9 +116,15 @@ def _take(
 
 
 def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
-    """The call ran, but its return value could not be pickled to come back."""
+    """The call ran, but its return value could not be pickled to come back,
+    or came back and could not be unpickled here (Ray raises RaySystemError)."""
     cause = getattr(error, "cause", None) or error
     last = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    if isinstance(error, RaySystemError):
+        return (
+            f"the return value of rank {rank} was sent but cannot be unpickled on the driver: "
+            f"{type(cause).__name__}: {last} (is its class importable here?)"
+        )
     try:
         kind = ray.get(actor.returned_type.remote(), timeout=5)
     except Exception:  # noqa: BLE001 - the type is a detail; the message stands without it

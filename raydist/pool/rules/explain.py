@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -32,6 +33,8 @@ _COLLECTIVE_FILES = (os.path.join("torch", "distributed") + os.sep, os.sep + "ho
 
 def explain_death(ray_text: str, tail: Optional[str], exit_code: Optional[int], node_alive: bool) -> str:
     """One line on how a worker process ended, from what it left behind."""
+    if exit_code is not None and exit_code < 0:
+        return f"killed by {_signal_name(-exit_code)} (a signal from outside the run)"
     if exit_code is not None:
         return f"exited with status {exit_code} (os._exit)"
     for marker, name in _FATAL_SIGNALS.items():
@@ -46,6 +49,12 @@ def explain_death(ray_text: str, tail: Optional[str], exit_code: Optional[int], 
         "killed without an exit status or crash report: SIGKILL (or SIGTERM) from outside, "
         "or the kernel's OOM killer"
     )
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 @dataclass(frozen=True)
 class StackSummary:

@@ -18,7 +18,6 @@ Pure functions (no Ray calls), so the rules are easy to read and test:
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.core.accelerators import Accelerator
@@ -105,10 +104,16 @@ def worker_env(
     accelerator: Accelerator,
     cpus: float,
     extra: Mapping[str, str],
+    error_file: Optional[str] = None,
 ) -> Dict[str, str]:
     """One rank's launcher environment: torchrun's variables, the node's
     visible devices and this worker's device index, ``extra`` (horovod's),
-    then the user's ``env`` (which may not name any of the launcher's own)."""
+    then the user's ``env`` (which may not name any of the launcher's own).
+
+    ``error_file`` is where a script decorated with torch's ``@record``
+    writes its error (TORCHELASTIC_ERROR_FILE): the rank's attempt directory
+    when the run keeps logs on the rank's machine, else next to the
+    worker's evidence (removed with it)."""
     env = torchrun_env(
         rank=worker.rank,
         local_rank=worker.local_rank,
@@ -137,10 +142,10 @@ def worker_env(
         env[DEVICE_INDEX_VAR] = str(device_index)
     if worker.evidence is not None:  # where raydist.preemption_requested() reads a drain deadline
         env[PREEMPTION_FILE_VAR] = worker.evidence.preemption_path
-    # Where a script decorated with torch's @record writes its error (on the worker's node).
-    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
-        tempfile.gettempdir(), "raydist-errors", run_id, f"attempt_{restart_count}", str(worker.rank), "error.json"
-    )
+    if error_file is None and worker.evidence is not None:
+        error_file = worker.evidence.error_path
+    if error_file:
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
     # Read when the process group starts; a dump reads the whole buffer (~15 us an entry).
     own_size = os.environ.get(RECORDER_BUFFER_VAR) or str(RECORDER_ENTRIES)
     env[RECORDER_BUFFER_VAR] = own_size if config.flight_recorder else "0"

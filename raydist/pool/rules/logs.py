@@ -18,9 +18,10 @@ Pure: ``raydist.pool.driver.log_files`` makes the directories and writes the fil
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from string import Template
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Set, Tuple
 
 from raydist.config import STD_ERR, STD_NONE, STD_OUT, RunConfig, StdSpec
 
@@ -46,6 +47,7 @@ class RankRoute:
     stdout: StreamRoute
     stderr: StreamRoute
     prefix: Optional[str]  # the prefix template's expansion; None: raydist's "(rank=N pid=P) "
+    directory: Optional[str] = None  # the rank's attempt directory, where its files (and error.json) go
 
     def stream(self, is_err: bool) -> StreamRoute:
         return self.stderr if is_err else self.stdout
@@ -78,7 +80,9 @@ def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional
             console=shown and (not redirected & bit or bool(teed & bit)),
         )
 
-    return RankRoute(rank, local_rank, route(STD_OUT, "stdout.log"), route(STD_ERR, "stderr.log"), line_prefix(template, rank, local_rank, config.role))
+    return RankRoute(
+        rank, local_rank, route(STD_OUT, "stdout.log"), route(STD_ERR, "stderr.log"), line_prefix(template, rank, local_rank, config.role), rank_dir
+    )
 
 def console_prefix(route: RankRoute, pid: int, ip: Optional[str], colour: bool) -> str:
     """What goes before a console line: the template's expansion (as torchrun
@@ -115,3 +119,16 @@ def split_forwarded(lines: Sequence[str], token: str) -> Tuple[List[str], Option
         else:
             kept.append(line)
     return kept, marked, tqdm
+
+
+_RAYLET_DEATH = re.compile(r"A worker died or was killed while executing .*?Worker PID: (\d+)")
+
+
+def raylet_death_report_of(lines: Sequence[str], pids: "Set[str]") -> bool:
+    """True for Ray's "(raylet) A worker died or was killed ..." paragraph
+    about one of ``pids``: raydist's error already says what happened to that rank."""
+    for line in lines:
+        match = _RAYLET_DEATH.search(line)
+        if match and match.group(1) in pids:
+            return True
+    return False

@@ -102,9 +102,11 @@ def _reason(end: Optional[CallEnd], error: BaseException, retry_on_exception: bo
 
 
 def restart_line(reason: RestartReason, old_size: int, attempt: int, max_restarts: int, restarts_used: int) -> str:
-    """One line per restart: why, the old world size, and which attempt of how many counted."""
+    """One line per restart: why, the old world size (0: the group failed
+    while starting), and which attempt of how many counted."""
     budget = f"restart {restarts_used} of {max_restarts}" if reason.counted else "not counted against max_restarts"
+    size = f"world size was {old_size}" if old_size else "the group failed while starting"
     return (
-        f"raydist: {reason.kind}: {reason.detail}; world size was {old_size}; "
+        f"raydist: {reason.kind}: {reason.detail}; {size}; "
         f"starting attempt {attempt} ({budget})"
     )

@@ -19,6 +19,7 @@ from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import debugger
+from raydist.pool.worker import exit_hooks
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
@@ -47,9 +48,10 @@ def _user_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
-def _error_file_report(started: float) -> Optional[str]:
+def _error_file_report(started: float, scratch_path: str = "") -> Optional[str]:
     """What a ``@record``-decorated script wrote to TORCHELASTIC_ERROR_FILE
-    during this call (torchrun shows this instead of its own traceback)."""
+    during this call (torchrun shows this instead of its own traceback). The
+    file is named unless it is ``scratch_path``, removed with the worker."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or not os.path.isfile(path) or os.path.getmtime(path) < started:
         return None
@@ -59,11 +61,12 @@ def _error_file_report(started: float) -> Optional[str]:
         message = data["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    where = "its error file" if path == scratch_path else f"error file {path}"
     if isinstance(message, dict):
         text = str(message.get("message", ""))
         stack = str((message.get("extraInfo") or {}).get("py_callstack", "")).rstrip()
-        return f"{stack}\n(error file {path}: {text})" if stack else f"{text}\n(error file {path})"
-    return f"{message}\n(error file {path})"
+        return f"{stack}\n({where}: {text})" if stack else f"{text}\n({where})"
+    return f"{message}\n({where})"
 
 
 def _exit_code(code: Any) -> int:
@@ -92,6 +95,8 @@ class RayWorker:
         self._worker: Optional[WorkerInfo] = None
         self._returned_type = ""  # of the last value returned, named if it cannot travel
         self._post_mortem = False
+        self._evidence: Optional[WorkerEvidence] = None
+        exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -102,6 +107,7 @@ class RayWorker:
         evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
         leave_evidence(evidence)
         serve_diagnostics(evidence.diagnostics_path)  # answers while a collective blocks the call
+        self._evidence = evidence
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -137,7 +143,8 @@ class RayWorker:
             register_backend(spec.backend_entry)
         if spec.init_kwargs is None:
             return None
-        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, **spec.init_kwargs)
+        # A world of one gets its process group too: the run asked for one.
+        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, world_of_one=True, **spec.init_kwargs)
 
     def _bind(self, spec: WorkerSpec) -> None:
         """torchrun's --numa-binding, before any user code runs; where it cannot
@@ -177,8 +184,9 @@ class RayWorker:
             pickled: Optional[bytes] = ray.cloudpickle.dumps(error)
         except Exception:
             pickled = None
+        error_path = self._evidence.error_path if self._evidence else ""
         return Outcome(
-            traceback=_error_file_report(started) or _user_traceback(error),
+            traceback=_error_file_report(started, error_path) or _user_traceback(error),
             exception_type=type(error).__name__,
             exception=pickled,
             timestamp=time.time(),

@@ -15,19 +15,27 @@ in ``raydist.pool.rules.explain`` turn it into words.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 from concurrent.futures import ThreadPoolExecutor
+import platform
 import re
 import signal
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from raydist.pool.records import CollectiveEntry, WorkerEvidence
 from raydist.pool.worker.recorder import ask_worker
 
-# The signal that makes a worker write every thread's Python stack.
-STACK_SIGNAL = signal.SIGUSR2
+# The signal that makes a worker write every thread's Python stack: a
+# real-time one, which scripts do not take for themselves (SLURM's
+# --signal and many training scripts use SIGUSR1/SIGUSR2, and a script's
+# own handler would replace faulthandler's).
+STACK_SIGNAL = signal.SIGRTMIN + 6
+# Signals whose default action ends the process: noted first, so that the
+# driver can say which one (Ray's own SIGTERM handler would turn it into "exited with status 1").
+NOTED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 TAIL_LINES = 20
 
@@ -36,7 +44,7 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
     """Make this process leave evidence of how it ends and where it hangs
     (read by raydist.pool.rules.explain from another process on this node)."""
     os.makedirs(os.path.dirname(evidence.stack_path), exist_ok=True)
-    for stale in (evidence.exit_note_path, evidence.preemption_path):  # left by an earlier process with this pid
+    for stale in (evidence.exit_note_path, evidence.preemption_path, evidence.error_path):  # left by an earlier process with this pid
         try:
             os.remove(stale)
         except FileNotFoundError:
@@ -55,10 +63,37 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
             real_exit(status)
 
     os._exit = exit_noting_status  # type: ignore[assignment]
+    for signum in NOTED_SIGNALS:  # a script's own handler replaces this one, as it should
+        signal.signal(signum, _die_noting_signal(evidence.exit_note_path))
+    # Ray blocks SIGINT in its workers; a rank gets it as torchrun's child does
+    # (KeyboardInterrupt), when `raydist run` forwards a Ctrl-C.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _die_noting_signal(note_path: str) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            with open(note_path, "w") as note:
+                note.write(str(-signum))
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)  # ends as the signal's default action would
+
+    return handler
+
+
+def remove_evidence(evidence: WorkerEvidence) -> None:
+    """Remove the files raydist made for a process that is gone (not Ray's stderr file)."""
+    for path in evidence.own_files:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def read_evidence(evidence: WorkerEvidence, lines: int = TAIL_LINES) -> Tuple[Optional[str], Optional[int]]:
-    """The last ``lines`` lines the process wrote to stderr, and its os._exit code if noted."""
+    """The last ``lines`` lines the process wrote to stderr, and its os._exit
+    code if noted (a fatal signal it noted: minus its number)."""
     tail = None
     if evidence.stderr_path and os.path.isfile(evidence.stderr_path):
         tail = _tail(evidence.stderr_path, lines)
@@ -119,17 +154,58 @@ def warn_of_preemption(pid: int, evidence: WorkerEvidence, deadline: float, sign
         note.write("" if deadline == float("inf") else repr(deadline))
     if signal_name is None:
         return True
+    return send_signal(pid, getattr(signal, signal_name))
+
+# How long removing a killed process's files waits for it to be gone.
+GONE_TIMEOUT_S = 5.0
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, getattr(signal, signal_name))
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"  # a zombie writes nothing more
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return not os.path.isdir("/proc")  # /proc is there and has no such process: gone
+
+
+# tgkill's system call number per machine: a signal for a process's main thread.
+_TGKILL = {"x86_64": 234, "aarch64": 131, "ppc64le": 250, "s390x": 241}
+
+
+def send_signal(pid: int, signum: int) -> bool:
+    """Signal ``pid``'s main thread, where Python runs signal handlers.
+
+    A worker process has many threads (Ray's, gloo's); a signal sent to the
+    process may land on any of them, and a main thread blocked in a wait
+    would then not run the script's handler until it wakes. A launcher's
+    child (torchrun's) sees the signal at once; this does the same."""
+    number = _TGKILL.get(platform.machine())
+    if number is not None:
+        try:
+            if ctypes.CDLL(None, use_errno=True).syscall(number, pid, pid, signum) == 0:
+                return True
+        except (OSError, AttributeError):
+            pass  # no tgkill here: the process as a whole gets it
+    try:
+        os.kill(pid, signum)
     except OSError:
         return False
     return True
 
+
 class NodeAgent:
-    """A light actor on each node of a group (no torch, no resources) that
-    reads its ranks' evidence, dumps their stacks and warns them of a
-    preemption. Started with the group, it is there when needed: a draining
-    node accepts no new tasks, and a hung rank cannot answer for itself."""
+    """What reads a group's evidence on one node, dumps its ranks' stacks,
+    forwards signals and warns them of a preemption (a hung rank cannot
+    answer for itself). On the driver's node the driver does this itself
+    with a plain instance; elsewhere it is a light actor (no torch, no
+    resources), started once the group is up: a draining node accepts no
+    new actors, so it must be there before a drain."""
 
     def ping(self) -> int:
         return os.getpid()
@@ -149,6 +225,17 @@ class NodeAgent:
     def clock(self) -> int:
         """This node's wall clock (ns), to put the ranks' recorder times on the driver's clock."""
         return time.time_ns()
+    def signal(self, requests: List[Tuple[int, int, WorkerEvidence]], signum: int) -> Dict[int, bool]:
+        return {rank: send_signal(pid, signum) for rank, pid, _ in requests}
+
+    def remove(self, requests: List[Tuple[int, int, WorkerEvidence]]) -> Dict[int, bool]:
+        """Remove what killed processes left, once they are gone (a dying one may still note its signal)."""
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        for _, pid, evidence in requests:
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)  # waiting for the kernel to reap a process Ray is killing
+            remove_evidence(evidence)
+        return {rank: True for rank, _, _ in requests}
 
     def preempt(self, requests: List[Tuple[int, int, WorkerEvidence]], deadline: float, signal_name: Optional[str]) -> Dict[int, bool]:
         return {rank: warn_of_preemption(pid, evidence, deadline, signal_name) for rank, pid, evidence in requests}

@@ -18,6 +18,12 @@ import sys
 from types import TracebackType
 from typing import Optional, Sequence
 
+from raydist.pool.worker import exit_hooks
+
+# Set by the driver on ranks whose stderr goes to a log file: print an
+# uncaught exception there too, as the interpreter would.
+TRACEBACK_TO_STDERR_VAR = "RAYDIST_TRACEBACK_TO_STDERR"
+
 __all__ = ["resolve_script", "run_script", "run_executable"]
 
 
@@ -84,15 +90,16 @@ def run_script(
         succeeded = stop.code is None or stop.code == 0
         raise
     except BaseException as error:  # noqa: B036 - re-raised with a shorter traceback
-        raise error.with_traceback(_user_frames(error.__traceback__))
+        error = error.with_traceback(_user_frames(error.__traceback__))
+        if os.environ.get(TRACEBACK_TO_STDERR_VAR):
+            # As python prints an uncaught exception (through torch's hook: "[rank1]: ..."),
+            # so that the rank's stderr.log holds it, as torchrun's does.
+            sys.excepthook(type(error), error, error.__traceback__)
+        raise error
     finally:
-        # Ray forwards worker output from files; flush so the last lines are there.
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream must not mask the result
-                pass
+        _flush()
+        exit_hooks.run_recorded()  # the script's atexit handlers, as at the end of its own process
+        _flush()  # Ray forwards worker output from files: the last lines must be there
         if succeeded:
             # After a failure the group kills every worker; leaving the process
             # group here would only make the peers fail too ("connection reset").
@@ -102,6 +109,15 @@ def run_script(
         try:
             os.chdir(saved_cwd)
         except OSError:
+            pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not mask the result
             pass
 
 

@@ -1,0 +1,79 @@
+"""A run leaves nothing behind on the machine and prints nothing that is not
+the user's: no per-worker or per-run files in the temp directory, no Ray
+paragraph about a worker raydist already reported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+import ray
+import torch.distributed as dist
+from conftest import REPO
+
+import raydist
+
+pytestmark = [pytest.mark.timeout(400), pytest.mark.usefixtures("ray_local")]
+
+
+def pid_or_fail(index: int) -> int:
+    if index % 4 == 0 and dist.get_rank() == 1:
+        raise ValueError(f"run {index}")
+    if index % 4 == 1 and dist.get_rank() == 1:
+        os._exit(5)  # a death leaves an exit note
+    return os.getpid()
+
+
+def raydist_files_of(pids: Set[int]) -> List[str]:
+    """Files under the temp directory's raydist folders that name one of ``pids``."""
+    found = []
+    for root, _, names in os.walk(tempfile.gettempdir()):
+        if "raydist" not in root:
+            continue
+        found += [os.path.join(root, n) for n in names if any(str(pid) in n for pid in pids)]
+    return found
+
+
+def test_twenty_runs_some_failing_leave_no_files() -> None:
+    before = {name for name in os.listdir(tempfile.gettempdir()) if "raydist" in name}
+    pids: Set[int] = set()
+    for index in range(20):
+        try:
+            pids.update(raydist.run(pid_or_fail, args=(index,), num_workers=2))
+        except raydist.WorkerGroupError as error:
+            pids.update(failure.pid for failure in error.failures)
+    assert len(pids) >= 20
+    assert raydist_files_of(pids) == []
+    # No new per-run directory either (the old raydist-errors/<run id> ones).
+    errors_dir = Path(tempfile.gettempdir()) / "raydist-errors"
+    assert not errors_dir.exists() or "raydist-errors" in before
+
+
+CRASHING_DRIVER = """
+import os, sys, ray, raydist
+import torch.distributed as dist
+ray.init(address=sys.argv[1])
+def die():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+try:
+    raydist.run(die, num_workers=2)
+except raydist.WorkerGroupError as error:
+    print("REPORTED", error.root_cause.died, flush=True)
+ray.shutdown()
+"""
+
+
+def test_rays_paragraph_about_a_reported_death_is_not_printed() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", CRASHING_DRIVER, ray.get_runtime_context().gcs_address],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert "REPORTED exited with status 3" in result.stdout, result.stdout + result.stderr
+    assert "A worker died or was killed" not in result.stdout + result.stderr

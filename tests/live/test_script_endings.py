@@ -1,0 +1,72 @@
+"""How a torchrun script ends under `raydist run`, compared with torchrun:
+its atexit handlers run, and a failing rank's traceback and error file land
+in its log directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+import ray
+from conftest import REPO
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+
+SCRIPTS = REPO / "tests" / "scripts"
+RUN_TIMEOUT_S = 120
+
+
+def raydist_run(*args: str) -> subprocess.CompletedProcess:
+    address = ray.get_runtime_context().gcs_address
+    return subprocess.run(
+        [sys.executable, "-m", "raydist", "run", "--address", address, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit status {result.returncode}\n--- stdout:\n{result.stdout}\n--- stderr:\n{result.stderr}"
+
+
+@pytest.mark.parametrize("launcher", ["raydist", "torchrun"])
+def test_a_scripts_atexit_handlers_run_when_it_ends(tmp_path: Path, launcher: str) -> None:
+    args = [str(SCRIPTS / "atexit_script.py"), str(tmp_path)]
+    result = raydist_run("-n", "2", *args) if launcher == "raydist" else torchrun(*args)
+    assert result.returncode == 0, explain(result)  # a handler that raises does not fail the process
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit-0", "atexit-1"], explain(result)
+    # Reported as Python reports it at exit, once per rank.
+    output = result.stdout + result.stderr
+    assert output.count("Exception ignored in atexit callback: <function broken_logger") == 2, explain(result)
+    assert "ValueError: logger of rank 1 failed at exit" in output
+
+
+def rank_dirs(log_dir: Path, attempt: int = 0) -> List[Path]:
+    (run_dir,) = log_dir.iterdir()
+    return sorted((run_dir / f"attempt_{attempt}").iterdir())
+
+
+def test_a_failing_ranks_traceback_and_error_file_are_in_its_log_directory(tmp_path: Path) -> None:
+    # What torchrun 2.13 leaves for the same command (`--log-dir D -r 3`): the
+    # rank's stderr.log holds its "[rank1]: "-prefixed traceback, error.json sits beside it.
+    result = raydist_run("-n", "2", "--log-dir", str(tmp_path), "-r", "3", str(SCRIPTS / "record_fail.py"))
+    assert result.returncode == 1, explain(result)
+    rank_zero, rank_one = rank_dirs(tmp_path)
+    stderr = (rank_one / "stderr.log").read_text()
+    # Through torch's excepthook, as the interpreter prints an uncaught exception after init_process_group.
+    assert "[rank1]: Traceback (most recent call last):" in stderr, stderr
+    assert "[rank1]: ValueError: shard 1 is corrupt (recorded)" in stderr, stderr
+    error = json.loads((rank_one / "error.json").read_text())  # torch's @record wrote it there
+    assert "shard 1 is corrupt" in json.dumps(error)
+    assert f"(error file {rank_one / 'error.json'}: ValueError: shard 1 is corrupt (recorded))" in result.stderr
+    assert not (rank_zero / "error.json").exists()

@@ -1,0 +1,79 @@
+"""`raydist run` stops on the signals torchrun handles, whatever it inherited:
+each is forwarded to every rank (their handlers can save state), then the
+workers are stopped and the run exits with status 1, as torchrun does."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import REPO, live_placement_groups, live_raydist_actors
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
+
+SCRIPTS = REPO / "tests" / "scripts"
+STOP_BOUND_S = 10.0
+
+
+def ignore_sigint() -> None:
+    """What a background job of a non-interactive shell (CI) starts with."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_run(*args: str) -> "subprocess.Popen[str]":
+    address = ray.get_runtime_context().gcs_address
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydist", "run", "--address", address, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=ignore_sigint,
+    )
+
+
+def wait_until_ranks_ready(driver: "subprocess.Popen[str]", count: int) -> None:
+    assert driver.stdout is not None
+    ready = 0
+    for line in driver.stdout:
+        ready += "ready" in line
+        if ready == count:
+            return
+    raise AssertionError(f"the run ended before its ranks were ready (status {driver.wait()})")
+
+
+def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> None:
+    driver = start_run("-n", "2", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
+    try:
+        wait_until_ranks_ready(driver, 2)
+        start = time.monotonic()
+        driver.send_signal(signal.SIGTERM)
+        output = driver.communicate(timeout=60)[0]
+        elapsed = time.monotonic() - start
+    finally:
+        driver.kill()
+    assert driver.returncode == 1, output
+    assert "got SIGTERM" in output
+    # Both ranks' own SIGTERM handlers ran (they save state), and what they printed came out.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["term-0", "term-1"]
+    assert "rank 0 saved its state" in output and "rank 1 saved its state" in output
+    assert elapsed < STOP_BOUND_S
+    assert live_raydist_actors() == [] and live_placement_groups() == []
+
+
+def test_the_wait_after_forwarding_is_bounded_by_shutdown_timeout(tmp_path: Path) -> None:
+    # The ranks ignore SIGUSR1: they are killed once --shutdown-timeout has passed.
+    driver = start_run("-n", "2", "--shutdown-timeout", "2", "--signals-to-handle", "SIGUSR1", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
+    try:
+        wait_until_ranks_ready(driver, 2)
+        start = time.monotonic()
+        driver.send_signal(signal.SIGUSR1)  # handled (and forwarded) only because it was asked for
+        output = driver.communicate(timeout=60)[0]
+        elapsed = time.monotonic() - start
+    finally:
+        driver.kill()
+    assert driver.returncode == 1, output
+    assert "got SIGUSR1" in output
+    assert 2 <= elapsed < 2 + STOP_BOUND_S
+    assert live_raydist_actors() == [] and live_placement_groups() == []
