@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from raydist import __version__
-from raydist.config import RunConfig, cli_options, option_default, parse_int
+from raydist.config import CLI_RESTART_MODE, RunConfig, cli_options, option_default, parse_int
 from raydist.core.accelerators import ACCELERATOR_CHOICES
 from raydist.core.backend import backend_entry
 from raydist.pool.driver import signals
@@ -323,6 +323,7 @@ def build_config(options: argparse.Namespace) -> RunConfig:
         if flag.generated and (value := getattr(options, option.name)) is not None
     }
     given.update(_from_cli_only_flags(options))
+    given.setdefault("restart_mode", CLI_RESTART_MODE)  # torchrun's semantics unless asked
     try:
         return RunConfig(
             **given,

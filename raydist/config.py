@@ -31,6 +31,10 @@ from raydist.core.accelerators import (
 from raydist.core.backend import TORCH_BACKEND, backend_entry, reserved_env
 
 PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# "warm": a restart keeps the surviving workers' processes; "fresh": every attempt in new processes.
+RESTART_MODES: Tuple[str, ...] = ("warm", "fresh")
+# What `raydist run` uses unless --restart-mode says otherwise: torchrun's semantics.
+CLI_RESTART_MODE = "fresh"
 # Measured break-even against gloo pickling among 4 ranks: 2-4 MB for
 # broadcast, 1-2 MB for all-gather (benchmarks/collectives.py).
 DEFAULT_OBJECT_STORE_THRESHOLD = 4 << 20
@@ -465,8 +469,9 @@ _STARTUP_TIMEOUT_FLAG = cli(
 )
 _MAX_RESTARTS_FLAG = cli(
     "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
-    help="after a failure (a rank raises, exits non-zero or dies), restart the whole "
-    "group on fresh workers and rerun the script, up to K times, as torchrun does "
+    help="after a failure (a rank raises, exits non-zero or dies), restart the "
+    "group and rerun the script, up to K times, as torchrun does (in fresh processes "
+    "unless --restart-mode warm) "
     "(default {default}); TORCHELASTIC_RESTART_COUNT tells the script which attempt it is",
 )
 _ADDRESS_FLAG = cli(
@@ -578,6 +583,25 @@ _SHUTDOWN_TIMEOUT_FLAG = cli(
     "(their handlers saving state) before killing them, as torchrun's option (default {default:g})",
 )
 
+_RESTART_MODE_FLAG = cli(
+    "--restart-mode", parse=str.lower, choices=RESTART_MODES, metavar="MODE",
+    help="warm: a restart keeps the surviving workers' processes (the process group is destroyed "
+    "and the script runs again as __main__ in them; modules it imported stay imported) and "
+    f"starts new ones only for the dead; fresh: every attempt in new processes, as torchrun "
+    f"does (default for raydist run: {CLI_RESTART_MODE})",
+)
+_SPARE_WORKERS_FLAG = cli(
+    "--spare-workers", parse=parse_int, metavar="K",
+    help="start K extra workers ahead of time (placed, torch imported), outside the world; a "
+    "dead rank's place goes to one of them at once (with --restart-mode warm) and a used one "
+    "is replaced in the background (default {default})",
+)
+_SURVIVOR_TIMEOUT_FLAG = cli(
+    "--survivor-timeout", parse=parse_seconds, metavar="SECONDS",
+    help="in a warm restart, how long a surviving worker may take to return from the failed "
+    "attempt before it is killed and replaced by a new process (default {default:g})",
+)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -661,6 +685,17 @@ class RunConfig:
         Python leaves the process's signal handling to the program.
     shutdown_timeout: seconds to wait for the ranks after forwarding a
         signal, before they are killed (torchrun's ``--shutdown-timeout``).
+    restart_mode: "warm" (the default): a restart keeps the surviving
+        workers' processes (their process group destroyed and initialised
+        again with the new ranks) and starts processes only for the dead;
+        "fresh": every attempt in new processes, as torchrun does (the
+        default of ``raydist run``).
+    spare_workers: extra workers placed and started ahead of time (torch
+        imported, device pinned), outside the world; a dead rank's place
+        goes to one at once, and a used spare is replaced in the background.
+    survivor_timeout: seconds a surviving worker's call may take to return
+        after a failure before a warm restart kills it and starts a new
+        process in its place.
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
@@ -694,13 +729,19 @@ class RunConfig:
     monitor_interval: float = field(default=1.0, metadata=_MONITOR_INTERVAL_FLAG)
     flight_recorder: bool = field(default=True, metadata=_FLIGHT_RECORDER_FLAG)
     post_mortem: bool = field(default=False, metadata=_POST_MORTEM_FLAG)
-
     signals_to_handle: Tuple[str, ...] = field(default=("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"), metadata=_SIGNALS_TO_HANDLE_FLAG)
     shutdown_timeout: float = field(default=30.0, metadata=_SHUTDOWN_TIMEOUT_FLAG)
+    restart_mode: str = field(default="warm", metadata=_RESTART_MODE_FLAG)
+    spare_workers: int = field(default=0, metadata=_SPARE_WORKERS_FLAG)
+    survivor_timeout: float = field(default=10.0, metadata=_SURVIVOR_TIMEOUT_FLAG)
 
     def __post_init__(self) -> None:
         _check_values(self)
         _check_combinations(self)
+
+    @property
+    def warm_restarts(self) -> bool:
+        return self.restart_mode == "warm"
 
     @property
     def elastic(self) -> bool:
@@ -789,6 +830,21 @@ def _check_combinations(config: RunConfig) -> None:
     _check_bool("post_mortem", config.post_mortem)
     _set(config, "signals_to_handle", check_signals_to_handle(config.signals_to_handle))
     _set(config, "shutdown_timeout", check_seconds("shutdown_timeout", config.shutdown_timeout))
+    _check_restart_options(config)
+
+
+def _check_restart_options(config: RunConfig) -> None:
+    """How restarts happen: warm or fresh, spares, the survivors' bound."""
+    _set(config, "restart_mode", _check_choice("restart_mode", config.restart_mode, RESTART_MODES))
+    _check_int("spare_workers", config.spare_workers, 0)
+    if config.spare_workers and not config.warm_restarts:
+        raise ValueError("spare_workers take dead ranks' places in warm restarts: they need restart_mode='warm'")
+    if config.spare_workers and config.num_nodes is not None:
+        raise ValueError(
+            "spare_workers with num_nodes: a spare would have to be a whole node of workers_per_node "
+            "workers to keep torchrun's layout; use num_workers with spares, or num_nodes without"
+        )
+    _set(config, "survivor_timeout", check_seconds("survivor_timeout", config.survivor_timeout))
 
 
 def _check_placement_options(config: RunConfig) -> None:

@@ -68,6 +68,10 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     # torchrun's, added since the table.
     ("--signals-to-handle", "--signals_to_handle"): ("signals_to_handle", "SIGNALS", "_StoreAction", None),
     ("--shutdown-timeout", "--shutdown_timeout"): ("shutdown_timeout", "SECONDS", "_StoreAction", None),
+    # Added with warm restarts.
+    ("--restart-mode",): ("restart_mode", "MODE", "_StoreAction", ("warm", "fresh")),
+    ("--spare-workers",): ("spare_workers", "K", "_StoreAction", None),
+    ("--survivor-timeout",): ("survivor_timeout", "SECONDS", "_StoreAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
@@ -85,6 +89,7 @@ OLD_FLAG_OF_OPTION = {
     "virtual_local_rank": "--virtual-local-rank", "role": "--role", "monitor_interval": "--monitor-interval",
     "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
     "signals_to_handle": "--signals-to-handle", "shutdown_timeout": "--shutdown-timeout",
+    "restart_mode": "--restart-mode", "spare_workers": "--spare-workers", "survivor_timeout": "--survivor-timeout",
 }
 
 
@@ -160,10 +165,15 @@ def config_of(argv: List[str]) -> RunConfig:
             "log_dir": "logs", "redirects": 3, "tee": {0: 1, 1: 2}, "local_ranks_filter": (0, 1),
         }),
         (["--address", "h:6379"], {"address": "h:6379"}),
+        (
+            ["--restart-mode", "WARM", "--spare-workers", "2", "--survivor-timeout", "3"],
+            {"restart_mode": "warm", "spare_workers": 2, "survivor_timeout": 3.0},
+        ),
     ],
 )
 def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> None:
-    defaults = {"num_workers": 1, "init_process_group": False, "retry_on_exception": True}
+    # raydist run restarts in fresh processes, as torchrun does, unless --restart-mode warm.
+    defaults = {"num_workers": 1, "init_process_group": False, "retry_on_exception": True, "restart_mode": "fresh"}
     assert config_of(argv) == RunConfig(**{**defaults, **expected})
 
 
@@ -183,6 +193,8 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["--exclude-nodes", "abc"], "--exclude-nodes entry 'abc'"),
         (["--accelerator-type", "H100", "--accelerator", "cpu"], "--accelerator-type names a device type"),
         (["--monitor-interval", "0"], "--monitor-interval must be a positive"),
+        (["--spare-workers", "1"], "--spare-workers take dead ranks' places in warm restarts: they need --restart-mode='warm'"),
+        (["--survivor-timeout", "0"], "--survivor-timeout must be a positive"),
     ],
 )
 def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> None:

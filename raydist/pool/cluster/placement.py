@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -14,7 +14,7 @@ from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster import ray_private
 from raydist.pool.progress import progress
 from raydist.pool.records import ClusterNode
-from raydist.pool.rules.sizing import Request, elastic_size, selection_text
+from raydist.pool.rules.sizing import Request, elastic_size, selection_text, spares_text
 from raydist.pool.rules.text import fmt_resources, per_node_text
 
 
@@ -114,7 +114,7 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: in
 
 def _gave_up(request: Request, startup_timeout: float) -> str:
     bundle, sizes = request.bundle, request.sizes
-    count = str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}"
+    count = (str(sizes[0]) if sizes[0] == sizes[1] else f"at least {sizes[0]}") + spares_text(sizes[0], request.spares)
     what = f"node(s) of {request.per_bundle} workers" if request.node_layout else "workers"
     nodes = alive_nodes()
     totals = [{name: n.resources.get(name, 0.0) for name in bundle} for n in request.selection.matching(nodes)]

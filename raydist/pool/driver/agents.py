@@ -59,6 +59,10 @@ class NodeAgents:
         """The agent actor on ``node_id``; None on the driver's node (answered here) or where none started."""
         return self._actors.get(node_id)
 
+    def retire(self, node_ids: Sequence[str]) -> List[Any]:
+        """The actors on ``node_ids`` (nodes leaving the group), handed over to be killed."""
+        return [self._actors.pop(node) for node in list(self._actors) if node in node_ids]
+
     def forget(self) -> List[Any]:
         """The actors, handed over to be killed."""
         actors, self._actors = self.actors, {}

@@ -17,30 +17,23 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import ray
-import ray.cloudpickle
 
-from raydist.config import RunConfig, check_call, check_seconds, make_config
-from raydist.errors import (
-    COLLECTIVES_HEADER,
-    RaydistError,
-    WorkerCallCancelled,
-    WorkerGroupClosed,
-    WorkerGroupError,
-    WorkerGroupStopped,
-    WorkerGroupTimeout,
-)
+from raydist.config import RunConfig, make_config
+from raydist.errors import COLLECTIVES_HEADER, RaydistError, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
-from raydist.pool.driver import signals
-from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.calls import INLINE_CALL_BYTES, WorkerFuture, error_for, forward_signal, prepare_call
 from raydist.pool.driver.diagnostics import GroupDiagnostics
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
+from raydist.pool.driver.restart import restart_group
+from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, Outcome, WorkerInfo
+from raydist.pool.records import CallEnd, Placement, WorkerInfo
+from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.stragglers import Straggler
@@ -48,78 +41,9 @@ from raydist.pool.rules.stragglers import Straggler
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
+__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call", "INLINE_CALL_BYTES"]
+
 logger = logging.getLogger("raydist")
-
-__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call"]
-
-# Calls up to this size travel inside each actor task (no object-store round trip).
-INLINE_CALL_BYTES = 64 * 1024
-
-
-def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
-    """Check a call and pickle it once for every rank (and every attempt);
-    TypeError naming the part that cannot run on a worker."""
-    args, kwargs = check_call(fn, args, kwargs)
-    try:
-        return ray.cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
-    except Exception as error:
-        parts = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
-        parts += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
-        for name, part in parts:
-            try:
-                ray.cloudpickle.dumps(part)
-            except Exception as part_error:
-                raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
-        raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
-
-
-class WorkerFuture:
-    """The pending result of ``WorkerGroup.submit``: one value per rank.
-
-    Like ``concurrent.futures.Future``: ``result(timeout)`` raises
-    ``TimeoutError`` and leaves the call running; the group's own
-    ``timeout`` option is what tears a call down."""
-
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int):
-        self._group = group
-        self.refs, self.actors, self.number = refs, actors, number
-        limit = group.config.timeout
-        self.deadline = None if limit is None else time.monotonic() + limit  # the group's timeout
-        self._result: Optional[List[Any]] = None
-        self._error: Optional[BaseException] = None
-
-    def done(self) -> bool:
-        if self._result is not None or self._error is not None:
-            return True
-        self._group._check_session()
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        return len(ready) == len(self.refs)
-
-    def result(self, timeout: Optional[float] = None) -> List[Any]:
-        """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
-        (tearing the group down) if a rank fails or the group's timeout runs
-        out, WorkerCallCancelled after ``cancel``, and TimeoutError (the call
-        runs on) when ``timeout`` passes first. Asking again gives the same answer."""
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            wait = None if timeout is None else check_seconds("timeout", timeout)
-            try:
-                self._result = self._group._finish(self, wait)
-            except RaydistError as error:
-                self._error = error
-                raise
-        return self._result
-
-    def cancel(self) -> bool:
-        """Stop the call by tearing the group down (a rank cannot leave a
-        collective alone). Returns False if it had already finished."""
-        if self.done():
-            return False
-        self._group._cancelled = True
-        self._group.shutdown(graceful=False)
-        return True
-
 
 class WorkerGroup:
     """A pool of Ray actors, one per rank, kept alive across calls.
@@ -127,7 +51,9 @@ class WorkerGroup:
     ``WorkerGroup(4, backend="gloo")`` or ``WorkerGroup(config=RunConfig(...))``:
     the keyword options are ``raydist.RunConfig``'s fields. Use as a context
     manager; ``run`` and ``submit`` execute a function on every rank with
-    torch.distributed already initialised, from any number of threads.
+    torch.distributed already initialised, from any number of threads. With
+    warm restarts, a failure that ``raydist.run`` would restart after still
+    raises, but the group has replaced its dead ranks in place first.
     """
 
     def __init__(
@@ -138,6 +64,7 @@ class WorkerGroup:
         restart_count: int = 0,
         logs: Optional[RunLogs] = None,
         node_order: Sequence[str] = (),
+        restarts_used: int = 0,
         **options: Any,
     ):
         if num_workers is not None:
@@ -150,15 +77,16 @@ class WorkerGroup:
         self._closed = self._cancelled = False
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
+        self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
         self._diagnostics = GroupDiagnostics(self.config, lambda: self._members)
         try:
-            builder = GroupBuilder(
+            self._builder = GroupBuilder(
                 self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order,
                 extra_env=dict(self._diagnostics.env()),
             )
-            self._members = builder.build()
+            self._members = self._builder.build()
         except BaseException:
             self._diagnostics.stop()
             raise
@@ -182,8 +110,23 @@ class WorkerGroup:
         return len(self.workers)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def restart_count(self) -> int:
+        """The attempt the group runs (TORCHELASTIC_RESTART_COUNT); a warm restart raises it."""
+        return self._builder.restart_count
+
+    @property
+    def spares(self) -> List[Placement]:
+        """Where each ready spare worker runs (node, pid, devices); not in the world."""
+        pool = self._members.spares if self._members else None
+        return [spare.placement for spare in pool.ready] if pool is not None else []
+
+    @property
     def held_resources(self) -> Dict[str, Dict[str, float]]:
-        """What the group's workers hold on each node (node id -> amounts)."""
+        """What the group's workers and spares hold on each node (node id -> amounts)."""
         return self._members.held_resources() if self._members else {}
 
     @property
@@ -214,46 +157,14 @@ class WorkerGroup:
         return WorkerFuture(self, refs, actors, number)
 
     def run(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: Optional[Mapping[str, Any]] = None,
-        timeout: Optional[float] = None,
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
     ) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the return values ordered by rank.
-
-        ``timeout`` defaults to the group's ``timeout`` option."""
+        """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs).result(timeout)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
-        """Wait for ``future``'s ranks; the values, or tear down and raise for how it ended."""
-        self._check_session()
-        group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
-        limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
-        try:
-            waited = wait_for_ranks(future.refs, limit, self.workers, None, future.actors)
-        except BaseException as error:  # KeyboardInterrupt included: leave nothing running
-            try:
-                _forward(self, error, future)
-            finally:
-                self.shutdown(graceful=False)
-            if connected_session() != self._session:
-                raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
-            raise
-        if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
-            raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
-        grow_by = self._watcher.grow_by if self._watcher is not None else 0
-        end = classify_end(
-            waited.failures, waited.pending, cancelled=self._cancelled, closed=self._closed,
-            grow_by=grow_by, drained_nodes=self.drained_nodes,
-        )
-        if end is CallEnd.FINISHED:
-            output = self._members.output if self._members else None
-            return output.settle(future.number, waited.results) if output is not None else waited.results
-        ended = _error_for(self, end, waited, limit or 0.0, grow_by)
-        ended.end = ended.end or end
-        _stop_then_settle(self, future.number, waited)
-        raise ended
+        """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
+        return _finish_call(self, future, timeout)
 
     def stacks(self) -> str:
         """Where every rank is now: Python stacks grouped by location, the odd
@@ -323,82 +234,59 @@ class WorkerGroup:
                 pass
 
 
+def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
+    """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
+    group._check_session()
+    group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
+    limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
+    try:
+        waited = wait_for_ranks(future.refs, limit, group.workers, None, future.actors)
+    except BaseException as error:  # KeyboardInterrupt included: leave nothing running
+        try:
+            forward_signal(group, error, future)
+        finally:
+            group.shutdown(graceful=False)
+        if connected_session() != group._session:
+            raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
+        raise
+    if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
+        raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
+    grow_by = group._watcher.grow_by if group._watcher is not None else 0
+    end = classify_end(
+        waited.failures, waited.pending, cancelled=group._cancelled, closed=group._closed,
+        grow_by=grow_by, drained_nodes=group.drained_nodes,
+    )
+    if end is CallEnd.FINISHED:
+        output = group._members.output if group._members else None
+        return output.settle(future.number, waited.results) if output is not None else waited.results
+    ended = error_for(group, end, waited, limit or 0.0, grow_by)
+    ended.end = ended.end or end
+    if not _restart_in_place(group, ended, future, waited):
+        _stop_then_settle(group, future.number, waited)
+    raise ended
+
+
+def _restart_in_place(group: WorkerGroup, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
+    """Warm restarts: keep the survivors and replace the rest when the
+    restart policy says so (see ``restart_group``); False: tear down instead."""
+    members = group._members
+    if not group.config.warm_restarts or members is None or members.request.node_layout or future.number != group._calls - 1:
+        return False  # (an older call's failure: a newer one is queued behind it; a node layout restarts whole)
+    return restart_group(group, error, future, waited, _watch)
+
+
 def _stop_then_settle(group: WorkerGroup, number: int, waited: Waited) -> None:
     """Kill the group first (peers stuck in a collective need not wait),
     then wait for the failed call's output: its markers are already in the files."""
-    output = group._members.output if group._members else None
-    if group._members is not None:
-        group._members.output = None
+    members = group._members
+    output = members.output if members else None
+    if members is not None:
+        members.output = None
     group.shutdown(graceful=False)
     if output is not None:
         # A rank whose value could not come back marked only what it printed: not waited for.
         output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed and f.rank not in waited.unsent])
         output.close()
-
-
-def _error_for(group: WorkerGroup, end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
-    """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
-    if end is CallEnd.CANCELLED:
-        return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
-    if end is CallEnd.GROW:
-        return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
-    if end is CallEnd.SHUT_DOWN:
-        return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
-    if end is CallEnd.TIMED_OUT:
-        return WorkerGroupTimeout(limit, waited.pending, group._diagnostics.stacks(waited.pending), group._diagnostics.collectives({}))
-    failures = waited.failures
-    if (end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST) and group._members is not None:
-        failures = explain_deaths(failures, group.workers, group._members.agents)
-    drained = group.drained_nodes
-    known = {f.rank: f.collectives for f in failures if f.collectives}
-    collectives = group._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
-    error = WorkerGroupError(
-        failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}), collectives=collectives
-    )
-    error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
-    return error
-
-
-def _forward(group: WorkerGroup, error: BaseException, future: WorkerFuture) -> None:
-    """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
-    send it to every rank (as torchrun does: their handlers can save state),
-    then wait up to ``shutdown_timeout`` for them to finish and for what they
-    printed meanwhile."""
-    signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
-    members = group._members
-    if signum is None or members is None or not members.actors:
-        return
-    logger.warning(
-        "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
-        signals.SignalReceived(signum).name, group.config.shutdown_timeout,
-    )
-    members.agents.ask(group.workers, range(group.num_workers), "signal", signum)
-    deadline = time.monotonic() + group.config.shutdown_timeout
-    pending = list(future.refs)
-    while pending and not signals.hurried() and time.monotonic() < deadline:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
-    if members.output is not None:  # what the ranks' handlers printed, before the files close
-        values, failed = _finished_values(future.refs, pending)
-        members.output.settle(future.number, values, failed)
-
-
-def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> "tuple[List[Any], List[int]]":
-    """Each finished rank's value (None for the others) and the ranks whose
-    code raised or exited (both their streams carry a marker)."""
-    values: List[Any] = [None] * len(refs)
-    failed: List[int] = []
-    for rank, ref in enumerate(refs):
-        if ref in pending:
-            continue
-        try:
-            outcome = ray.get(ref, timeout=0)
-        except Exception:  # noqa: BLE001 - a rank that died marks nothing
-            continue
-        if isinstance(outcome, Outcome) and not outcome.ok:
-            failed.append(rank)
-        else:
-            values[rank] = outcome.value if isinstance(outcome, Outcome) else outcome
-    return values, failed
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:
@@ -431,6 +319,9 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
         request = members.request
         taken = list(dict.fromkeys(w.node_id for w in members.workers)) if request.node_layout else []
         more = room_for(request, taken) * request.per_bundle
+        if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
+            seats = {w.actor_index for w in members.workers} | (members.spares.bundles() if members.spares else set())
+            more += len(free_seats(members.pg, seats))
         return min(sizes[1] - len(members.workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(members.workers) < sizes[1]

@@ -1,15 +1,19 @@
-"""One call on fresh worker groups, restarted as the restart policy says.
+"""One call on a worker group, restarted as the restart policy says.
 
 Every attempt shares one run id and log directory (as torchrun's attempts
-do); a restart waits until the old group's resources show free, so that an
-elastic size counts them, and passes the old node order on, so that
-surviving nodes keep their ranks. Each restart logs one line, and the new
-world size once the next group is up.
+do). With warm restarts the group restarts itself in place (see
+``raydist.pool.driver.restart``) and the call is sent again to the same
+group. Otherwise (``restart_mode="fresh"``, a growth, or a warm restart
+that failed) the group is torn down, and the next one waits until the old
+group's resources show free, so that an elastic size counts them, and gets
+the old node order, so that surviving nodes keep their ranks. Each restart
+logs why, and what it did.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -19,6 +23,7 @@ from raydist.pool.cluster.placement import wait_until_released
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.rules.policy import decide_restart, restart_line
+from raydist.pool.rules.restart_plan import restart_summary
 
 logger = logging.getLogger("raydist")
 
@@ -33,45 +38,72 @@ class Attempts:
     started: bool = False  # whether the latest attempt's group started
     node_order: List[str] = field(default_factory=list)  # the last attempt's nodes, in node-rank order
     held: Dict[str, Dict[str, float]] = field(default_factory=dict)  # what its workers held, per node
+    failed_at: Optional[float] = None  # when the last attempt failed (time.time())
 
 
 def run_with_restarts(config: RunConfig, call: bytes) -> List[Any]:
     """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank."""
     logs = RunLogs(config)
     attempts = Attempts()
-    while True:
-        if attempts.held:
-            wait_until_released(attempts.held)  # so that the new size (or placement) counts them
-        try:
-            return _attempt(config, call, logs, attempts)
-        except RaydistError as error:
-            decision = decide_restart(
-                error,
-                retry_on_exception=config.retry_on_exception,
-                restarts_left=config.max_restarts - attempts.counted,
-                driver_node=_driver_node(),
-            )
-            if decision.why_not:
-                logger.error("raydist: %s", decision.why_not)
-            if decision.restart is None:
-                if attempts.errors and isinstance(error, WorkerGroupError):
-                    raise WorkerGroupError(error.failures, attempts=attempts.errors, preempted_nodes=error.preempted_nodes) from error
-                raise
-            attempts.counted += decision.restart.counted
-            attempts.errors.append(error)
-            old_size = attempts.size if attempts.started else 0
-            logger.warning(restart_line(decision.restart, old_size, len(attempts.errors), config.max_restarts, attempts.counted))
+    group: Optional[WorkerGroup] = None
+    try:
+        while True:
+            attempt = -1
+            try:
+                if group is None or group.closed:
+                    attempts.started = False
+                    group = _start(config, logs, attempts)
+                    attempts.started = True
+                attempt = group.restart_count
+                return group.submit_prepared(call).result()
+            except RaydistError as error:
+                if group is not None and group.restart_count > attempt >= 0 and not group.closed:  # restarted in place; it said how
+                    attempts.errors.append(error)
+                    attempts.counted = group.restarts_used
+                    attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
+                    continue
+                _fresh_restart_or_raise(config, error, attempts)
+    finally:
+        if group is not None:
+            group.shutdown()
 
 
-def _attempt(config: RunConfig, call: bytes, logs: RunLogs, attempts: Attempts) -> List[Any]:
+def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
+    """The next attempt's group, in fresh processes."""
+    if attempts.held:
+        wait_until_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
-    attempts.started = False
-    with WorkerGroup(config=config, restart_count=number, logs=logs, node_order=attempts.node_order) as group:
-        if number:
-            logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
-        attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
-        attempts.started = True
-        return group.submit_prepared(call).result()
+    group = WorkerGroup(
+        config=config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted
+    )
+    if number:
+        logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
+        seconds = time.time() - (attempts.failed_at or time.time())
+        logger.warning(restart_summary(None, [], attempts.size, group.num_workers, seconds, config.survivor_timeout))
+    attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
+    return group
+
+
+def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: Attempts) -> None:
+    """Count and log a restart in fresh processes, or raise (listing every attempt)."""
+    decision = decide_restart(
+        error,
+        retry_on_exception=config.retry_on_exception,
+        restarts_left=config.max_restarts - attempts.counted,
+        driver_node=_driver_node(),
+    )
+    if decision.why_not:
+        logger.error("raydist: %s", decision.why_not)
+    if decision.restart is None:
+        if attempts.errors and isinstance(error, WorkerGroupError):
+            raise WorkerGroupError(error.failures, attempts=attempts.errors, preempted_nodes=error.preempted_nodes) from error
+        raise error
+    attempts.counted += decision.restart.counted
+    attempts.errors.append(error)
+    failures = error.failures if isinstance(error, WorkerGroupError) else []
+    attempts.failed_at = min([f.timestamp for f in failures] + [time.time()])
+    old_size = attempts.size if attempts.started else 0
+    logger.warning(restart_line(decision.restart, old_size, len(attempts.errors), config.max_restarts, attempts.counted))
 
 
 def _driver_node() -> Optional[str]:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
@@ -26,6 +25,8 @@ from raydist.pool.driver.agents import NodeAgents, driver_node, explain_deaths
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
+from raydist.pool.driver.seats import new_worker
+from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.waiting import wait_for_ranks
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
@@ -41,7 +42,6 @@ from raydist.pool.rules.sizing import (
     selection_text,
     worker_bundle,
 )
-from raydist.pool.worker.actor import RayWorker
 from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
 
 if TYPE_CHECKING:
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
-_RemoteWorker = ray.remote(RayWorker)
 
 
 @dataclass
@@ -66,21 +65,24 @@ class Members:
     agents: NodeAgents = field(default_factory=lambda: NodeAgents(None))
     output: Optional[GroupOutput] = None
     routes: List[RankRoute] = field(default_factory=list)  # by rank: where its output goes
+    spares: Optional[SparePool] = None
 
     def held_resources(self) -> Dict[str, Dict[str, float]]:
-        """What the workers hold on each node (node id -> amounts)."""
+        """What the workers and spares hold on each node (node id -> amounts)."""
         held: Dict[str, Dict[str, float]] = {}
-        for worker in self.workers:
-            amounts = held.setdefault(worker.node_id, {})
+        nodes = [w.node_id for w in self.workers] + [s.placement.node_id for s in (self.spares.ready if self.spares else [])]
+        for node_id in nodes:
+            amounts = held.setdefault(node_id, {})
             for name, amount in self.bundle.items():
                 amounts[name] = amounts.get(name, 0.0) + amount
         return held
 
 
 def release(members: Members, graceful: bool) -> None:
-    """Leave the process group (if ``graceful``), kill the actors, free the
-    placement group, remove the workers' evidence files, kill the node
-    agents; returns once Ray reports them dead."""
+    """Leave the process group (if ``graceful``), kill the actors and spares,
+    free the placement group, remove the workers' evidence files, kill the
+    node agents; returns once Ray reports them dead."""
+    spares = members.spares.close() if members.spares is not None else []
     actors = [actor for actor in members.actors if actor is not None]
     try:
         if graceful and actors:
@@ -89,12 +91,12 @@ def release(members: Members, graceful: bool) -> None:
             except Exception:  # noqa: BLE001 - the actors are killed below regardless
                 pass
     finally:  # an interrupt during the graceful part must not leave the actors alive
-        for actor in actors:
+        for actor in [*actors, *spares]:
             ray.kill(actor, no_restart=True)
         if members.pg is not None:
             remove_placement_group(members.pg)
         members.actors, members.pg = [], None
-        _wait_dead(actors)
+        _wait_dead([*actors, *spares])
         try:  # the processes are gone: what they left on their nodes goes too
             members.agents.ask(members.workers, range(len(members.workers)), "remove", timeout=TEARDOWN_TIMEOUT_S, start_missing=False)
         finally:
@@ -129,17 +131,19 @@ class GroupBuilder:
         self._hooks = hooks
         self._logs = logs
         self._router = router
-        self._restart_count = restart_count
+        self.restart_count = restart_count  # the attempt being built (a warm restart raises it)
         self._node_order = tuple(node_order)
 
     def build(self) -> Members:
         """The started group's members; on any failure everything made so far is released."""
         members = self._reserve()
         try:
-            self._create(members)
-            placements = self._describe(members)
-            self._assign(members, placements)
-            self._set_up(members, placements[members.workers[0].actor_index].free_port)
+            actors = self.create(members, range(len(members.actors)))
+            placements = self.describe(members, actors, range(len(actors)))
+            ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
+            self.assign(members, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
+            members.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)  # type: ignore[union-attr]
+            self.set_up(members, placements[members.workers[0].actor_index].free_port)
             # Off the start path: the other nodes' agents start while the first call runs.
             members.agents.start([worker.node_id for worker in members.workers])
             return members
@@ -164,7 +168,7 @@ class GroupBuilder:
         bundle = worker_bundle(accelerator, config.resources_per_worker, config.accelerator_type)
         sizes = config.worker_range
         if sizes is None:
-            count = default_num_workers(accelerator, bundle, nodes)
+            count = default_num_workers(accelerator, bundle, nodes) - config.spare_workers  # spares take their share
             if count < 1:
                 chosen = f" ({selection_text(selection, alive_nodes())})" if selection.active else ""
                 raise InfeasibleResourcesError(
@@ -172,46 +176,48 @@ class GroupBuilder:
                     f"but the cluster has none ({accelerator.name} workers of {bundle}){chosen}"
                 )
             sizes = (count, count)
-        request = placement_request(config, bundle, sizes)
+        spares = config.spare_workers
+        request = placement_request(config, bundle, sizes, spares)
         members = Members(accelerator, bundle, request, agents=NodeAgents(driver_node()))
         members.pg, size = reserve(request, config.startup_timeout)
         members.actors = [None] * (size * request.per_bundle)
+        members.spares = SparePool(spares, members.pg, bundle, accelerator, config.startup_timeout)
         return members
 
-    def _create(self, members: Members) -> None:
-        """One actor per worker; under the node layout, ``per_bundle`` actors share each node's bundle."""
-        bundle, pg, per_bundle = members.bundle, members.pg, members.request.per_bundle
-        assert pg is not None, "reserved in the step before"
-        # Ray takes its own resources as actor options; a bundle takes them all as amounts.
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
-        memory = {"memory": bundle["memory"]} if bundle.get("memory") else {}
-        for index in range(len(members.actors)):
-            members.actors[index] = _RemoteWorker.options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                resources=custom,
-                **memory,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index // per_bundle),
-            ).remote(members.accelerator.ray_resource)
+    def create(self, members: Members, slots: Sequence[int]) -> List[Any]:
+        """A new worker actor in each of ``slots`` (held in ``members.actors``
+        until ranks are known); slot i sits in bundle i // per_bundle (under
+        the node layout, ``per_bundle`` workers share each node's bundle)."""
+        per_bundle, resource = members.request.per_bundle, members.accelerator.ray_resource
+        actors = [new_worker(members.pg, slot, members.bundle, resource, per_bundle) for slot in slots]
+        members.actors = [*[a for a in members.actors if a is not None], *actors]
+        return actors
 
-    def _describe(self, members: Members) -> List[Placement]:
+    def describe(self, members: Members, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
         """Round trip 1: where each worker landed (node, devices, a free port)."""
-        return self._await(members, [actor.describe.remote(i) for i, actor in enumerate(members.actors)], "started")
+        return self._await(members, [actor.describe.remote(i) for actor, i in zip(actors, slots)], "started")
 
-    def _assign(self, members: Members, placements: List[Placement]) -> None:
-        members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order)
+    def assign(self, members: Members, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> None:
+        """Ranks from where the workers landed (``actors`` by slot); this attempt's output."""
+        members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order, standby)
         if members.request.node_layout:
             broken = node_layout_broken(members.workers, members.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
-        members.actors = [members.actors[w.actor_index] for w in members.workers]  # now indexed by rank
-        members.routes = self._logs.attempt(self._restart_count, members.workers)
+        members.actors = [actors[w.actor_index] for w in members.workers]  # now indexed by rank
+        members.routes = self._logs.attempt(self.restart_count, members.workers)
         members.output = GroupOutput(members.workers, members.routes, self._router)
 
-    def _set_up(self, members: Members, master_port: int) -> None:
+    def set_up(self, members: Members, master_port: int) -> None:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         specs = self._specs(members, master_port)
         members.contexts = self._await(members, [a.setup.remote(s) for a, s in zip(members.actors, specs)], "initialised")
+
+    def restart(self, node_order: Sequence[str]) -> None:
+        """The next attempt: its number, the node order to keep, and the backend's driver side anew."""
+        self.restart_count += 1
+        self._node_order = tuple(node_order)
+        self._hooks.stop()
 
     def _specs(self, members: Members, master_port: int) -> List[WorkerSpec]:
         """Each rank's spec: torchrun's variables, the node's visible devices
@@ -229,7 +235,7 @@ class GroupBuilder:
                     master_addr=workers[0].node_ip,
                     master_port=master_port,
                     run_id=self._logs.run_id,
-                    restart_count=self._restart_count,
+                    restart_count=self.restart_count,
                     config=config,
                     accelerator=members.accelerator,
                     cpus=members.bundle.get("CPU", 1),
@@ -280,3 +286,14 @@ def _still_starting(workers: Sequence[WorkerInfo], indices: List[int], stage: st
     if stage == "started" or not workers:
         return [f"worker {i} (not yet reported where it runs)" for i in indices]
     return [f"rank {i} (node {workers[i].node_id[:12]}, {workers[i].node_ip})" for i in indices]
+
+
+def _split_spares(placements: List[Placement], spares: int, node_order: Sequence[str]) -> "tuple[List[Placement], List[Placement]]":
+    """(ranked workers, spares): the spares are the workers rank order puts
+    last, so they sit on the nodes after the driver's, on the highest device
+    ids (LOCAL_RANK keeps matching the device where it did)."""
+    if not spares:
+        return placements, []
+    order = assign_ranks(placements, ray.get_runtime_context().get_node_id(), node_order)
+    last = {w.actor_index for w in order[len(order) - spares:]}
+    return [p for p in placements if p.index not in last], [p for p in placements if p.index in last]

@@ -40,12 +40,27 @@ def _worker_key(placement: Placement) -> Tuple[object, ...]:
     ids = sorted(placement.accelerator_ids, key=_id_key)
     return (0, _id_key(ids[0]), placement.index) if ids else (1, (0, 0), placement.index)
 
-def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str], node_order: Sequence[str] = ()) -> List[WorkerInfo]:
+def node_devices(placements: Sequence[Placement]) -> Dict[str, Tuple[str, ...]]:
+    """Each node's visible devices: the union of its workers' ids, each once, in id order."""
+    ids: Dict[str, set] = {}
+    for placement in placements:
+        ids.setdefault(placement.node_id, set()).update(placement.accelerator_ids)
+    return {node: tuple(sorted(found, key=_id_key)) for node, found in ids.items()}
+
+def assign_ranks(
+    placements: Sequence[Placement],
+    driver_node_id: Optional[str],
+    node_order: Sequence[str] = (),
+    standby: Sequence[Placement] = (),
+) -> List[WorkerInfo]:
     """Give each placed worker its rank; the result is ordered by rank.
 
     ``node_order`` (a previous attempt's nodes, in order) keeps surviving
     nodes where they were: ranks move only when a node before them left.
+    ``standby`` (spares) get no rank, but their devices count in their
+    node's visible list, so that a spare can pin its device before it joins.
     """
+    devices = node_devices([*placements, *standby])
     by_node: Dict[str, List[Placement]] = {}
     for placement in placements:
         by_node.setdefault(placement.node_id, []).append(placement)
@@ -58,7 +73,7 @@ def assign_ranks(placements: Sequence[Placement], driver_node_id: Optional[str],
     workers: List[WorkerInfo] = []
     for node_rank, node_id in enumerate(ordered):
         members = sorted(by_node[node_id], key=_worker_key)
-        visible = tuple(sorted({i for member in members for i in member.accelerator_ids}, key=_id_key))
+        visible = devices[node_id]
         for local_rank, member in enumerate(members):
             own = tuple(sorted(member.accelerator_ids, key=_id_key))
             workers.append(
@@ -92,6 +107,17 @@ def node_layout_broken(workers: Sequence[WorkerInfo], per_node: int) -> Optional
                 f"{worker.node_rank} ({worker.node_id[:12]}); expected local rank {expected[1]} of {per_node} on node {expected[0]}"
             )
     return None
+def standby_env(spare: Placement, standby: Sequence[Placement], placements: Sequence[Placement], accelerator: Accelerator) -> Dict[str, str]:
+    """A spare's device variables: its node's visible devices (workers and
+    spares there) and its own device's position among them."""
+    visible = node_devices([*placements, *standby]).get(spare.node_id, ())
+    env: Dict[str, str] = {}
+    if accelerator.visible_devices_var is not None:
+        env[accelerator.visible_devices_var] = ",".join(visible)
+    own = sorted(spare.accelerator_ids, key=_id_key)
+    if own:
+        env[DEVICE_INDEX_VAR] = str(visible.index(own[0]))
+    return env
 
 def worker_env(
     worker: WorkerInfo,

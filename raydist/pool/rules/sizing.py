@@ -75,10 +75,18 @@ def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], n
         return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
     return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
 
-def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode]) -> Optional[str]:
+def spares_text(num_workers: int, spares: int) -> str:
+    """" (3 + 1 spare)" after a count of workers that includes spares; "" without."""
+    return f" ({num_workers - spares} + {spares} spare)" if spares else ""
+
+
+def infeasibility(
+    bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode], spares: int = 0
+) -> Optional[str]:
     """Why the cluster as it is can never host these workers, or None if it can.
 
     All bundles are equal, so counting how many fit on each node is exact.
+    ``spares`` of ``num_workers`` are spare workers.
     """
     possible = workers_that_fit(bundle, [node.resources for node in nodes], strategy)
     how = {"STRICT_PACK": "on one node", "STRICT_SPREAD": "on distinct nodes"}.get(strategy, "in the cluster")
@@ -92,7 +100,7 @@ def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, 
     has = {name: totals.get(name, 0.0) for name in bundle}
     per_node = [{name: node.resources.get(name, 0.0) for name in bundle} for node in nodes]
     return (
-        f"{num_workers} workers of {fmt_resources(bundle)} each ({strategy}) asked for {fmt_resources(asked)} in all, "
+        f"{num_workers} workers{spares_text(num_workers, spares)} of {fmt_resources(bundle)} each ({strategy}) asked for {fmt_resources(asked)} in all, "
         f"but at most {possible} such workers fit {how}: the cluster has {fmt_resources(has)} "
         f"over {len(nodes)} node(s) {per_node_text(per_node)}"
     )
@@ -259,6 +267,7 @@ class Request:
     strategy: str
     selection: NodeSelection = field(default_factory=NodeSelection)
     node_layout: bool = False  # torchrun's layout: one bundle per node, on distinct nodes
+    spares: int = 0  # of the bundles in ``sizes``, spare workers (named so in messages)
 
     @property
     def bundle(self) -> Dict[str, float]:
@@ -271,7 +280,7 @@ class Request:
         matched = self.selection.matching(nodes)
         if self.selection.active and not matched:
             return selection_text(self.selection, nodes)
-        reason = infeasibility(self.bundle, self.sizes[0], self.strategy, matched)
+        reason = infeasibility(self.bundle, self.sizes[0], self.strategy, matched, self.spares)
         if reason is not None and self.selection.active:
             reason += f" ({selection_text(self.selection, nodes)})"
         return reason
@@ -284,10 +293,12 @@ class Request:
         return workers_that_fit(self.bundle, free, self.strategy)
 
 
-def placement_request(config: "RunConfig", worker: Mapping[str, float], sizes: Tuple[int, int]) -> Request:
+def placement_request(config: "RunConfig", worker: Mapping[str, float], sizes: Tuple[int, int], spares: int = 0) -> Request:
     """The request for a run: node layout under ``num_nodes`` (``sizes`` in
-    nodes), else one worker per bundle with the configured strategy."""
+    nodes), else one worker per bundle with the configured strategy, and
+    ``spares`` more bundles for spare workers."""
     selection = NodeSelection.of(config)
     if config.node_range is not None:
         return Request(dict(worker), config.workers_per_node or 1, config.node_range, "STRICT_SPREAD", selection, True)
-    return Request(dict(worker), 1, sizes, config.placement_strategy, selection)
+    with_spares = (sizes[0] + spares, sizes[1] + spares)
+    return Request(dict(worker), 1, with_spares, config.placement_strategy, selection, spares=spares)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -10,7 +11,7 @@ import tempfile
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, FrozenSet, Mapping, Optional
 
 import ray
 import ray.cloudpickle
@@ -20,6 +21,7 @@ from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo,
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import debugger
 from raydist.pool.worker import exit_hooks
+from raydist.pool.worker.connections import Connection, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
@@ -97,6 +99,7 @@ class RayWorker:
         self._post_mortem = False
         self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
+        self._group_connections: FrozenSet[Connection] = frozenset()  # opened by init_distributed
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -104,10 +107,12 @@ class RayWorker:
     def describe(self, index: int) -> Placement:
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
-        evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
-        leave_evidence(evidence)
-        serve_diagnostics(evidence.diagnostics_path)  # answers while a collective blocks the call
-        self._evidence = evidence
+        evidence = self._evidence
+        if evidence is None:  # once per process: a kept worker is described again at each warm restart
+            evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
+            leave_evidence(evidence)
+            serve_diagnostics(evidence.diagnostics_path)  # answers while a collective blocks the call
+            self._evidence = evidence
         return Placement(
             index=index,
             node_id=context.get_node_id(),
@@ -144,7 +149,10 @@ class RayWorker:
         if spec.init_kwargs is None:
             return None
         # A world of one gets its process group too: the run asked for one.
-        return init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, world_of_one=True, **spec.init_kwargs)
+        before = tcp_connections()
+        context = init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, world_of_one=True, **spec.init_kwargs)
+        self._group_connections = tcp_connections() - before  # shut down for sure at teardown
+        return context
 
     def _bind(self, spec: WorkerSpec) -> None:
         """torchrun's --numa-binding, before any user code runs; where it cannot
@@ -193,6 +201,27 @@ class RayWorker:
             collectives=collectives if needs_attribution(collectives) else None,
         )
 
+    def stand_by(self, env: Mapping[str, str], device_type: str) -> int:
+        """A spare: import what ``setup`` needs and pin the device now (its
+        node's visible devices already count it), so that joining a world
+        later costs only the initialisation. Returns the pid."""
+        import torch.distributed  # noqa: F401 - the import is the point: it takes seconds
+
+        try:  # what DistributedDataParallel imports the first time a process builds one (seconds too)
+            import torch._dynamo  # noqa: F401
+        except ImportError:
+            pass
+
+        from raydist.core import collectives  # noqa: F401
+        from raydist.core.devices import is_device_available, is_indexed, set_device
+        from raydist.core.environment import DEVICE_INDEX_VAR
+
+        os.environ.update(env)
+        index = env.get(DEVICE_INDEX_VAR)
+        if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
+            set_device(f"{device_type}:{index}")
+        return os.getpid()
+
     def ping(self) -> int:
         return os.getpid()
 
@@ -201,8 +230,15 @@ class RayWorker:
         return self._returned_type
 
     def teardown(self) -> None:
+        """Leave the process group (also what a warm restart does before this
+        process joins the next world); the process lives on."""
         from raydist.core import collectives
         from raydist.core.initialize import shutdown
 
         collectives.set_large_object_transport(None)
         shutdown()
+        gc.collect()  # a failed call's frames may still hold the process group
+        # If something still does, its connections stay open: peers blocked on
+        # this rank would wait for the process group's timeout. Close them now.
+        shut_down(self._group_connections)
+        self._group_connections = frozenset()

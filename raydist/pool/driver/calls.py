@@ -1,0 +1,166 @@
+"""A call on a worker group: checked and pickled once (``prepare_call``),
+its pending result (``WorkerFuture``), and the error for how it ended."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+import ray
+import ray.cloudpickle
+
+from raydist.config import check_call, check_seconds
+from raydist.errors import (
+    RaydistError,
+    WorkerCallCancelled,
+    WorkerGroupClosed,
+    WorkerGroupError,
+    WorkerGroupStopped,
+    WorkerGroupTimeout,
+)
+from raydist.pool.driver import signals
+from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.waiting import Waited
+from raydist.pool.records import CallEnd, Outcome
+from raydist.pool.rules.policy import classify_end
+
+if TYPE_CHECKING:
+    from raydist.pool.driver.group import WorkerGroup
+
+__all__ = ["INLINE_CALL_BYTES", "WorkerFuture", "error_for", "forward_signal", "prepare_call"]
+
+logger = logging.getLogger("raydist")
+
+# Calls up to this size travel inside each actor task (no object-store round trip).
+INLINE_CALL_BYTES = 64 * 1024
+
+
+def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
+    """Check a call and pickle it once for every rank (and every attempt);
+    TypeError naming the part that cannot run on a worker."""
+    args, kwargs = check_call(fn, args, kwargs)
+    try:
+        return ray.cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as error:
+        parts = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
+        parts += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+        for name, part in parts:
+            try:
+                ray.cloudpickle.dumps(part)
+            except Exception as part_error:
+                raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
+        raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
+
+
+class WorkerFuture:
+    """The pending result of ``WorkerGroup.submit``: one value per rank.
+
+    Like ``concurrent.futures.Future``: ``result(timeout)`` raises
+    ``TimeoutError`` and leaves the call running; the group's own
+    ``timeout`` option is what tears a call down."""
+
+    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int):
+        self._group = group
+        self.refs, self.actors, self.number = refs, actors, number
+        limit = group.config.timeout
+        self.deadline = None if limit is None else time.monotonic() + limit  # the group's timeout
+        self._result: Optional[List[Any]] = None
+        self._error: Optional[BaseException] = None
+
+    def done(self) -> bool:
+        if self._result is not None or self._error is not None:
+            return True
+        self._group._check_session()
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def result(self, timeout: Optional[float] = None) -> List[Any]:
+        """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
+        (tearing the group down) if a rank fails or the group's timeout runs
+        out, WorkerCallCancelled after ``cancel``, and TimeoutError (the call
+        runs on) when ``timeout`` passes first. Asking again gives the same answer."""
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            wait = None if timeout is None else check_seconds("timeout", timeout)
+            try:
+                self._result = self._group._finish(self, wait)
+            except RaydistError as error:
+                self._error = error
+                raise
+        return self._result
+
+    def cancel(self) -> bool:
+        """Stop the call by tearing the group down (a rank cannot leave a
+        collective alone). Returns False if it had already finished."""
+        if self.done():
+            return False
+        self._group._cancelled = True
+        self._group.shutdown(graceful=False)
+        return True
+
+
+def error_for(group: "WorkerGroup", end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
+    """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
+    if end is CallEnd.CANCELLED:
+        return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
+    if end is CallEnd.GROW:
+        return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
+    if end is CallEnd.SHUT_DOWN:
+        return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
+    if end is CallEnd.TIMED_OUT:
+        return WorkerGroupTimeout(limit, waited.pending, group._diagnostics.stacks(waited.pending), group._diagnostics.collectives({}))
+    failures = waited.failures
+    if (end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST) and group._members is not None:
+        failures = explain_deaths(failures, group.workers, group._members.agents)
+    drained = group.drained_nodes
+    known = {f.rank: f.collectives for f in failures if f.collectives}
+    collectives = group._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
+    error = WorkerGroupError(
+        failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}), collectives=collectives
+    )
+    error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
+    return error
+
+
+def forward_signal(group: "WorkerGroup", error: BaseException, future: WorkerFuture) -> None:
+    """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
+    send it to every rank (as torchrun does: their handlers can save state),
+    then wait up to ``shutdown_timeout`` for them to finish and for what they
+    printed meanwhile."""
+    signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
+    members = group._members
+    if signum is None or members is None or not members.actors:
+        return
+    logger.warning(
+        "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
+        signals.SignalReceived(signum).name, group.config.shutdown_timeout,
+    )
+    members.agents.ask(group.workers, range(group.num_workers), "signal", signum)
+    deadline = time.monotonic() + group.config.shutdown_timeout
+    pending = list(future.refs)
+    while pending and not signals.hurried() and time.monotonic() < deadline:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+    if members.output is not None:  # what the ranks' handlers printed, before the files close
+        values, failed = _finished_values(future.refs, pending)
+        members.output.settle(future.number, values, failed)
+
+
+def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> Tuple[List[Any], List[int]]:
+    """Each finished rank's value (None for the others) and the ranks whose
+    code raised or exited (both their streams carry a marker)."""
+    values: List[Any] = [None] * len(refs)
+    failed: List[int] = []
+    for rank, ref in enumerate(refs):
+        if ref in pending:
+            continue
+        try:
+            outcome = ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - a rank that died marks nothing
+            continue
+        if isinstance(outcome, Outcome) and not outcome.ok:
+            failed.append(rank)
+        else:
+            values[rank] = outcome.value if isinstance(outcome, Outcome) else outcome
+    return values, failed

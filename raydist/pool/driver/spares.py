@@ -1,0 +1,120 @@
+"""Spare workers: started ahead of time, outside the world, ready to take a
+dead rank's place in a warm restart.
+
+A spare is a worker actor in its own bundle of the group's placement group
+(so spares count in placement and in infeasibility messages) that has
+reported where it runs and imported torch with its device pinned
+(``RayWorker.stand_by``). A spare that joins a world is replaced in the
+background, in a free bundle, by a thread that ends once the new spare is
+ready (or could not start within ``startup_timeout``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, List, Optional, Sequence, Set
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from raydist.core.accelerators import Accelerator
+from raydist.pool.driver.seats import new_worker
+from raydist.pool.records import Placement
+from raydist.pool.rules.layout import standby_env
+from raydist.pool.rules.restart_plan import Seat
+
+logger = logging.getLogger("raydist")
+
+
+@dataclass
+class Spare:
+    actor: Any
+    placement: Placement  # where it runs; ``index`` is its bundle
+
+
+class SparePool:
+    """A group's spares: the ready ones, and those still starting."""
+
+    def __init__(self, wanted: int, pg: Optional[PlacementGroup], bundle: dict, accelerator: Accelerator, timeout: float):
+        self.wanted = wanted
+        self._pg, self._bundle, self._accelerator, self._timeout = pg, bundle, accelerator, timeout
+        self._lock = threading.Lock()
+        self._ready: List[Spare] = []
+        self._starting: dict = {}  # bundle -> actor
+        self._closed = False
+
+    def adopt(self, spares: Sequence[Spare], workers: Sequence[Placement]) -> None:
+        """Spares started with the group: pin their devices now (not waited for)."""
+        for spare in spares:
+            env = standby_env(spare.placement, [s.placement for s in spares], workers, self._accelerator)
+            spare.actor.stand_by.remote(env, self._accelerator.device_type)
+        with self._lock:
+            self._ready.extend(spares)
+
+    @property
+    def ready(self) -> List[Spare]:
+        with self._lock:
+            return list(self._ready)
+
+    def seats(self) -> List[Seat]:
+        return [Seat(s.placement.index, s.placement.node_id) for s in self.ready]
+
+    def bundles(self) -> Set[int]:
+        """Every bundle a spare holds or is starting in."""
+        with self._lock:
+            return {s.placement.index for s in self._ready} | set(self._starting)
+
+    def take(self, positions: Sequence[int]) -> List[Spare]:
+        """Remove the ready spares at ``positions`` (as ``seats()`` listed them) to join a world."""
+        with self._lock:
+            taken = [self._ready[i] for i in positions]
+            self._ready = [s for i, s in enumerate(self._ready) if i not in set(positions)]
+        return taken
+
+    def drop_on(self, nodes: Collection[str]) -> List[Any]:
+        """Forget spares on ``nodes`` (lost or draining); their actors, to kill."""
+        with self._lock:
+            gone = [s for s in self._ready if s.placement.node_id in nodes]
+            self._ready = [s for s in self._ready if s.placement.node_id not in nodes]
+        return [s.actor for s in gone]
+
+    def refill(self, seats: Sequence[Seat], workers: Callable[[], List[Placement]]) -> None:
+        """Start spares in ``seats`` until ``wanted`` are ready or starting, each in the background."""
+        with self._lock:
+            missing = self.wanted - len(self._ready) - len(self._starting)
+        for seat in list(seats)[: max(0, missing)]:
+            threading.Thread(target=self._start_one, args=(seat, workers), name="raydist-spare", daemon=True).start()
+
+    def _start_one(self, seat: Seat, workers: Callable[[], List[Placement]]) -> None:
+        actor = new_worker(self._pg, seat.bundle, self._bundle, self._accelerator.ray_resource)
+        with self._lock:
+            if self._closed:
+                ray.kill(actor, no_restart=True)
+                return
+            self._starting[seat.bundle] = actor
+        spare: Optional[Spare] = None
+        try:
+            placement = ray.get(actor.describe.remote(seat.bundle), timeout=self._timeout)
+            env = standby_env(placement, [s.placement for s in self.ready], workers(), self._accelerator)
+            ray.get(actor.stand_by.remote(env, self._accelerator.device_type), timeout=self._timeout)
+            spare = Spare(actor, placement)
+        except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
+            if not self._closed:  # else the group was shut down meanwhile and killed it
+                logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)
+        with self._lock:
+            self._starting.pop(seat.bundle, None)
+            if spare is not None and not self._closed:
+                self._ready.append(spare)
+                return
+        if ray.is_initialized():
+            ray.kill(actor, no_restart=True)
+
+    def close(self) -> List[Any]:
+        """Stop refilling; every spare actor (ready or starting), to kill."""
+        with self._lock:
+            self._closed = True
+            actors = [s.actor for s in self._ready] + list(self._starting.values())
+            self._ready, self._starting = [], {}
+        return actors

@@ -1,0 +1,50 @@
+"""The TCP connections a process group opened, closed for sure at teardown.
+
+gloo has no abort, and destroying a process group closes its connections
+only once nothing references it any more; after a failed call, something
+often does (DDP's reducer, reachable from the call's frames through C++
+references Python's collector cannot see). Peers blocked in a collective
+with this rank would then wait for the process group's timeout (30 min by
+default). So the worker notes which connections appeared while the process
+group started, and shuts each one down at teardown, if the same file
+descriptor still holds the same connection (never one Ray opened since).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import FrozenSet, Tuple
+
+Connection = Tuple[int, Tuple[object, ...], Tuple[object, ...]]  # (fd, local address, remote address)
+
+
+def tcp_connections() -> FrozenSet[Connection]:
+    """This process's TCP sockets (listening ones have no remote address)."""
+    import psutil
+
+    try:
+        found = psutil.Process().net_connections(kind="tcp")
+    except (psutil.Error, OSError):  # no /proc view: nothing to close later, teardown as usual
+        return frozenset()
+    return frozenset((c.fd, tuple(c.laddr or ()), tuple(c.raddr or ())) for c in found if c.fd >= 0)
+
+
+def shut_down(opened: FrozenSet[Connection]) -> int:
+    """Shut down every connection of ``opened`` that is still open as it
+    was; how many. Peers reading from them get end-of-file at once."""
+    current = tcp_connections()
+    closed = 0
+    for fd, _, remote in opened & current:
+        if not remote:
+            continue  # a listening socket: gloo's accept thread aborts the process if it is shut down
+        try:
+            duplicate = socket.socket(fileno=socket.dup(fd))  # ours to close; the shutdown reaches the connection
+        except OSError:
+            continue
+        with duplicate:
+            try:
+                duplicate.shutdown(socket.SHUT_RDWR)
+                closed += 1
+            except OSError:  # already shut down, or never connected
+                pass
+    return closed

@@ -1,0 +1,260 @@
+"""Warm restarts on a real Ray: survivors keep their processes, spares take a
+dead rank's place, a stuck survivor is replaced after the bound, repeated
+restarts leave nothing behind, scripts restart in place only when asked,
+and a node loss keeps every surviving rank in its process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+import ray
+import ray.cloudpickle
+import torch
+import torch.distributed as dist
+from conftest import REPO, live_placement_groups, live_raydist_actors, ray_address, start_cluster
+
+import raydist
+
+pytestmark = pytest.mark.timeout(300)
+# The workers need not import this module (tests/live may not be on their path): ship its functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def attempt() -> int:
+    return int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def crash_rank(rank: int, marker: Optional[str] = None) -> Dict[str, Any]:
+    """Attempt 0: ``rank`` dies (os._exit) while the others all-reduce; later
+    attempts: each rank says who and where it is."""
+    me = dist.get_rank()
+    if marker is not None and attempt() == 0:
+        Path(marker, f"rank-{me}.json").write_text(json.dumps({"pid": os.getpid()}))
+    if attempt() == 0:
+        dist.barrier()
+        if me == rank:
+            os._exit(7)
+        while True:
+            dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1))
+    return {
+        "rank": me, "pid": os.getpid(), "world": dist.get_world_size(), "attempt": attempt(),
+        "node_id": ray.get_runtime_context().get_node_id(), "master_port": os.environ["MASTER_PORT"],
+        "env_rank": os.environ["RANK"],
+    }
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # polling the group's state, with a deadline
+
+
+def assert_nothing_left(actors: bool = True) -> None:
+    """No placement group left, nor (where the state API has a dashboard to ask) any raydist actor."""
+    wait_for(lambda: not (actors and live_raydist_actors()) and not live_placement_groups(), 30, "actors and placement groups to go")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="raydist")
+    with raydist.WorkerGroup(3, max_restarts=1, spare_workers=1) as group:
+        before = [w.pid for w in group.workers]
+        spares = [s.pid for s in group.spares]
+        assert len(spares) == 1 and spares[0] not in before
+        with pytest.raises(raydist.WorkerGroupError, match="rank 1"):
+            group.run(crash_rank, args=(1,))
+        after = [w.pid for w in group.workers]
+        assert group.restart_count == 1 and len(after) == 3
+        assert set(after) == {before[0], before[2], spares[0]}  # the survivors kept, the spare joined
+        results = group.run(crash_rank, args=(1,))
+        assert [r["pid"] for r in results] == after
+        assert {(r["world"], r["attempt"]) for r in results} == {(3, 1)}
+        assert [r["env_rank"] for r in results] == ["0", "1", "2"]
+        # A new spare, in a new process, appears in the background.
+        wait_for(lambda: len(group.spares) == 1, 120, "a new spare")
+        assert group.spares[0].pid not in before + spares
+    assert "1 from a spare, 0 fresh" in caplog.text and "2 rank(s) kept their process" in caplog.text
+    assert_nothing_left()
+
+
+def stuck_survivor() -> int:
+    """Attempt 0: rank 1 dies, rank 2 spins in Python (never in a collective)."""
+    if attempt() == 0:
+        dist.barrier()
+        if dist.get_rank() == 1:
+            os._exit(3)
+        if dist.get_rank() == 2:
+            while True:
+                pass
+        dist.all_reduce(torch.ones(1))  # fails: rank 1 died
+    dist.all_reduce(torch.ones(1))
+    return os.getpid()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_survivor_stuck_past_the_bound_is_replaced_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="raydist")
+    with raydist.WorkerGroup(3, max_restarts=1, survivor_timeout=2.0) as group:
+        before = [w.pid for w in group.workers]
+        with pytest.raises(raydist.WorkerGroupError):
+            group.run(stuck_survivor)
+        pids = group.run(stuck_survivor)
+        assert pids[0] == before[0] and before[1] not in pids and before[2] not in pids
+    line = next(line for line in caplog.text.splitlines() if "warm restart" in line)
+    assert "1 rank(s) kept their process, 2 replaced (0 from a spare, 2 fresh)" in line
+    assert "rank 2 killed and replaced: rank 2 (node" in line and f"pid {before[2]}" in line
+    assert "had not returned 2 s after the failure" in line
+    assert_nothing_left()
+
+
+def raise_on_rank_1() -> None:
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        raise ValueError("again")
+
+
+def footprint() -> Dict[str, Any]:
+    """This process's memory, threads and sockets (the process group's store included)."""
+    import psutil
+
+    process = psutil.Process()
+    connections = process.net_connections(kind="tcp")
+    return {
+        "pid": process.pid,
+        "rss": process.memory_info().rss,
+        "threads": process.num_threads(),
+        "listening": sum(1 for c in connections if c.status == psutil.CONN_LISTEN),
+        "sockets": len(connections),
+        "port": os.environ["MASTER_PORT"],
+    }
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_twenty_restarts_in_place_leave_no_memory_port_or_thread_behind() -> None:
+    with raydist.WorkerGroup(2, max_restarts=20, retry_on_exception=True) as group:
+        pids = [w.pid for w in group.workers]
+        samples: List[List[Dict[str, Any]]] = []
+        for number in range(20):
+            with pytest.raises(raydist.WorkerGroupError, match="again"):
+                group.run(raise_on_rank_1)
+            assert group.restart_count == number + 1
+            samples.append(group.run(footprint))
+        assert [s["pid"] for s in samples[-1]] == pids  # every restart kept both processes
+        assert len({s[0]["port"] for s in samples}) == 20  # a new MASTER_PORT each attempt
+        first, last = samples[1], samples[-1]  # after the first restart has warmed everything up
+        for rank in (0, 1):
+            assert last[rank]["rss"] - first[rank]["rss"] < 50 * 2**20, (first[rank], last[rank])
+            assert last[rank]["threads"] <= first[rank]["threads"], (first[rank], last[rank])
+            assert last[rank]["listening"] <= first[rank]["listening"], (first[rank], last[rank])
+            assert last[rank]["sockets"] <= first[rank]["sockets"], (first[rank], last[rank])
+    assert_nothing_left()
+
+
+SCRIPT = """
+import json, os, sys, torch.distributed as dist
+dist.init_process_group("gloo")
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print("pid", json.dumps({"rank": dist.get_rank(), "attempt": attempt, "pid": os.getpid()}), flush=True)
+if attempt == 0 and dist.get_rank() == 1:
+    sys.exit(3)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
+    """Run SCRIPT on 2 ranks with one restart; attempt -> rank -> pid."""
+    script = tmp_path / "restart_me.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "2", "--accelerator", "cpu",
+         "--max-restarts", "1", *flags, str(script)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen: Dict[int, Dict[int, int]] = {}
+    for line in result.stdout.splitlines():
+        if "pid {" in line:
+            note = json.loads(line.split("pid ", 1)[1])
+            seen.setdefault(note["attempt"], {})[note["rank"]] = note["pid"]
+    assert set(seen) == {0, 1} and all(len(ranks) == 2 for ranks in seen.values()), result.stdout + result.stderr
+    return seen
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path) -> None:
+    warm = script_pids(tmp_path, "--restart-mode", "warm")
+    assert warm[1] == warm[0]  # rank 1 exited with a status: its process lives, and both are kept
+    fresh = script_pids(tmp_path)
+    assert not set(fresh[1].values()) & set(fresh[0].values())  # torchrun's semantics: new processes
+    assert_nothing_left()
+
+
+def horovod_rank_raises() -> Dict[str, Any]:
+    import horovod.torch as hvd
+
+    if attempt() == 0 and hvd.rank() == 1:
+        raise ValueError("first attempt")
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"sum-{attempt()}")
+    return {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "sum": float(total.item())}
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_horovod_shuts_down_and_initialises_again_in_the_same_processes() -> None:
+    pytest.importorskip("horovod.torch")
+    with raydist.WorkerGroup(2, backend="horovod", max_restarts=1, retry_on_exception=True) as group:
+        pids = [w.pid for w in group.workers]
+        with pytest.raises(raydist.WorkerGroupError, match="first attempt"):
+            group.run(horovod_rank_raises)
+        results = group.run(horovod_rank_raises)
+    assert [r["pid"] for r in results] == pids
+    assert [(r["rank"], r["size"], r["sum"]) for r in results] == [(0, 2, 2.0), (1, 2, 2.0)]
+
+
+# -- a simulated cluster (last: it replaces the local Ray) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    yield start_cluster([{"num_cpus": 2}] * 3)
+
+
+def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster: Any, tmp_path: Path) -> None:
+    outcome: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["results"] = raydist.run(crash_rank, args=(-1, str(tmp_path)), num_workers=(2, 6), max_restarts=1)
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    wait_for(lambda: len(list(tmp_path.glob("rank-*.json"))) == 6, 180, "6 ranks running")
+    head = ray.get_runtime_context().get_node_id()
+    first = {json.loads(p.read_text())["pid"] for p in tmp_path.glob("rank-*.json")}
+    victim = next(node for node in cluster.worker_nodes if node.node_id != head)
+    cluster.remove_node(victim)
+    thread.join(180)
+    assert not thread.is_alive(), "the run did not finish"
+    if "error" in outcome:
+        raise outcome["error"]
+    results = outcome["results"]
+    assert [r["world"] for r in results] == [4] * 4 and {r["attempt"] for r in results} == {1}
+    assert victim.node_id not in {r["node_id"] for r in results}
+    assert {r["pid"] for r in results} <= first  # the same processes, none new
+    assert results[0]["node_id"] == head  # the driver's node stays first
+    assert_nothing_left(actors=False)  # a simulated cluster runs no dashboard
+
