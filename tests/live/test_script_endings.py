@@ -47,8 +47,8 @@ def test_a_scripts_atexit_handlers_run_when_it_ends(tmp_path: Path, launcher: st
     assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit-0", "atexit-1"], explain(result)
     # Reported as Python reports it at exit, once per rank.
     output = result.stdout + result.stderr
-    assert output.count("Exception ignored in atexit callback: <function broken_logger") == 2, explain(result)
-    # (the ranks' lines may interleave under torchrun: two processes share the stream)
+    # (under torchrun the two ranks' lines may interleave: they share one stream)
+    assert output.count("Exception ignored in atexit callback") == 2, explain(result)
     assert "logger of rank 0 failed at exit" in output and "logger of rank 1 failed at exit" in output
 
 

@@ -155,7 +155,8 @@ def test_twenty_restarts_in_place_leave_no_memory_port_or_thread_behind() -> Non
         first, last = samples[1], samples[-1]  # after the first restart has warmed everything up
         for rank in (0, 1):
             assert last[rank]["rss"] - first[rank]["rss"] < 50 * 2**20, (first[rank], last[rank])
-            assert last[rank]["threads"] <= first[rank]["threads"], (first[rank], last[rank])
+            # 18 attempts apart: a thread per attempt would show; one started lazily once may
+            assert last[rank]["threads"] - first[rank]["threads"] <= 1, (first[rank], last[rank])
             assert last[rank]["listening"] <= first[rank]["listening"], (first[rank], last[rank])
             assert last[rank]["sockets"] <= first[rank]["sockets"], (first[rank], last[rank])
     assert_nothing_left()

@@ -94,9 +94,13 @@ def restart_in_place(
     settled = settle_survivors(members.actors, refs, waited, old, lost, failed_at + config.survivor_timeout)
     _close_output(members, waited, call)
     plan = _plan(members, settled, leaving, config)
-    doomed = [members.actors[r] for r in sorted(settled.dead | set(plan.killed))]
-    for actor in doomed + members.spares.drop_on(leaving) + _retire_agents(members, leaving):  # type: ignore[union-attr]
+    doomed_ranks = sorted(settled.dead | set(plan.killed))
+    for actor in [members.actors[r] for r in doomed_ranks] + members.spares.drop_on(leaving):  # type: ignore[union-attr]
         ray.kill(actor, no_restart=True)
+    # What the replaced processes left on their nodes goes with them (a lost node's went with it).
+    members.agents.ask(old, [r for r in doomed_ranks if old[r].node_id not in lost], "remove", start_missing=False)
+    for agent in _retire_agents(members, leaving):
+        ray.kill(agent, no_restart=True)
     builder.restart(plan.node_order)
     _join(builder, members, plan)
     members.agents.start([w.node_id for w in members.workers])  # a replacement on a node new to the group
