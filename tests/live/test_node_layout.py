@@ -237,3 +237,29 @@ def test_losing_a_node_shrinks_by_whole_nodes(cluster: Any, tmp_path: Path) -> N
     finally:
         cluster.add_node(num_cpus=4, labels={"zone": zone})  # the module's 3 nodes again
         cluster.wait_for_nodes()
+
+
+def crash_on_rank_1_first(marker_dir: str) -> Dict[str, Any]:
+    """What every rank saw, with its pid; rank 1 of the first attempt exits hard."""
+    info = seen()
+    info["pid"] = os.getpid()
+    if info["TORCHELASTIC_RESTART_COUNT"] == "0":
+        Path(marker_dir, f"pid-{os.getpid()}").touch()
+        deadline = time.monotonic() + 60
+        while info["RANK"] == "1" and len(list(Path(marker_dir).glob("pid-*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # every rank of the first attempt has noted its pid
+        if info["RANK"] == "1":
+            os._exit(3)
+    return info
+
+
+def test_a_crash_under_the_node_layout_restarts_whole_in_fresh_processes(cluster: Any, tmp_path: Path) -> None:
+    """A node's workers share one bundle, so a warm restart (the API's default)
+    cannot seat one replacement: the group restarts whole, the layout intact."""
+    wait_until_idle()
+    ranks = raydist.run(crash_on_rank_1_first, args=(str(tmp_path),), num_nodes=2, workers_per_node=2, accelerator="cpu", max_restarts=1)
+    check_layout(ranks, 2, 2)
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in ranks} == {"1"}
+    first_pids = {int(p.name.split("-")[1]) for p in tmp_path.glob("pid-*")}
+    assert len(first_pids) == 4 and not first_pids & {r["pid"] for r in ranks}
+    assert live_placement_groups() == []

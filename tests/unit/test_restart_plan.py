@@ -103,6 +103,16 @@ def test_spares_are_named_in_infeasibility_messages() -> None:
     assert reason is not None and reason.startswith("5 workers (4 + 1 spare) of {CPU: 1} each")
 
 
+def test_a_request_counts_its_spares_and_names_them() -> None:
+    from raydist.pool.rules.sizing import placement_request
+
+    request = placement_request(RunConfig(num_workers=4, spare_workers=1), {"CPU": 1.0}, (4, 4), spares=1)
+    assert request.sizes == (5, 5) and request.per_bundle == 1
+    reason = request.infeasibility([ClusterNode("a", "10.0.0.1", {"CPU": 3.0})])
+    assert reason is not None and reason.startswith("5 workers (4 + 1 spare) of {CPU: 1} each")
+    assert placement_request(RunConfig(num_workers=4), {"CPU": 1.0}, (4, 4)).sizes == (4, 4)
+
+
 def test_restart_options_are_checked() -> None:
     assert RunConfig().restart_mode == "warm" and RunConfig().survivor_timeout == 10.0
     for bad, message in (
@@ -110,6 +120,7 @@ def test_restart_options_are_checked() -> None:
         ({"spare_workers": -1}, "spare_workers must be >= 0"),
         ({"spare_workers": 1, "restart_mode": "fresh"}, "need restart_mode='warm'"),
         ({"survivor_timeout": 0}, "survivor_timeout must be a positive"),
+        ({"spare_workers": 1, "num_nodes": 2, "workers_per_node": 2}, "a spare would have to be a whole node"),
     ):
         try:
             RunConfig(**bad)
