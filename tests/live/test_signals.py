@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 import ray
@@ -43,16 +44,21 @@ def wait_until_ranks_ready(driver: "subprocess.Popen[str]", count: int) -> None:
     raise AssertionError(f"the run ended before its ranks were ready (status {driver.wait()})")
 
 
-def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> None:
-    driver = start_run("-n", "2", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
+def signal_when_ready(driver: subprocess.Popen, signum: int) -> Tuple[str, float]:
+    """Send ``signum`` once both ranks are ready; the run's output and the seconds it took to end."""
     try:
         wait_until_ranks_ready(driver, 2)
         start = time.monotonic()
-        driver.send_signal(signal.SIGTERM)
+        driver.send_signal(signum)
         output = driver.communicate(timeout=60)[0]
-        elapsed = time.monotonic() - start
+        return output, time.monotonic() - start
     finally:
         driver.kill()
+
+
+def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> None:
+    driver = start_run("-n", "2", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
+    output, elapsed = signal_when_ready(driver, signal.SIGTERM)
     assert driver.returncode == 1, output
     assert "got SIGTERM" in output
     # Both ranks' own SIGTERM handlers ran (they save state), and what they printed came out.
@@ -65,14 +71,7 @@ def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> Non
 def test_the_wait_after_forwarding_is_bounded_by_shutdown_timeout(tmp_path: Path) -> None:
     # The ranks ignore SIGUSR1: they are killed once --shutdown-timeout has passed.
     driver = start_run("-n", "2", "--shutdown-timeout", "2", "--signals-to-handle", "SIGUSR1", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
-    try:
-        wait_until_ranks_ready(driver, 2)
-        start = time.monotonic()
-        driver.send_signal(signal.SIGUSR1)  # handled (and forwarded) only because it was asked for
-        output = driver.communicate(timeout=60)[0]
-        elapsed = time.monotonic() - start
-    finally:
-        driver.kill()
+    output, elapsed = signal_when_ready(driver, signal.SIGUSR1)  # handled (and forwarded) only because it was asked for
     assert driver.returncode == 1, output
     assert "got SIGUSR1" in output
     assert 2 <= elapsed < 2 + STOP_BOUND_S
