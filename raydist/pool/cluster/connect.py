@@ -122,7 +122,7 @@ def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -
     ray_private.quiet_token_notice()
     address, source = resolve_address(address, standalone)
     if address in (None, "local"):
-        ray.init(address=address, **PRIVATE_RAY_OPTIONS)
+        ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
         return True
     if address != "auto":
         _check_reachable(address, source)
