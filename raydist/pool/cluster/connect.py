@@ -122,7 +122,7 @@ def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -
     ray_private.quiet_token_notice()
     address, source = resolve_address(address, standalone)
     if address in (None, "local"):
-        ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+        _start_private_ray(address)
         return True
     if address != "auto":
         _check_reachable(address, source)
@@ -135,6 +135,37 @@ def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -
     except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
         raise ConnectionError(f"cannot connect to the Ray cluster at {address} (from {source}): {error}") from None
     return True
+
+
+def _start_private_ray(address: Optional[str]) -> None:
+    """Start a private Ray from the main thread, or else from a thread that
+    lives as long as this process.
+
+    Ray starts its GCS and raylet with PR_SET_PDEATHSIG, which Linux fires
+    when the *thread* that started them ends: a first run made from a worker
+    thread would take Ray down with that thread, under the runs of every
+    other thread (which then hang for 60 s and die).
+    """
+    if threading.current_thread() is threading.main_thread():
+        ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+        return
+    outcome: Dict[str, BaseException] = {}
+    started = threading.Event()
+
+    def parent() -> None:
+        try:
+            ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = error
+            started.set()
+            return
+        started.set()
+        threading.Event().wait()  # never set: this thread is Ray's parent until the process ends
+
+    threading.Thread(target=parent, name="raydist-ray-parent", daemon=True).start()
+    started.wait()
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def connected_session() -> Optional[str]:
