@@ -141,29 +141,34 @@ def available_resources_per_node() -> Dict[str, Dict[str, float]]:
 
 
 def start_private_ray(**options: Any) -> None:
-    """``ray.init(**options)``, leaving out two head processes if this starts
-    a private Ray for raydist's runs: the autoscaler monitor (a local Ray has
-    nothing to scale) and the dashboard's API server (job submission, the
-    state API: a run uses neither). On 2 cores they cost ~1.5 s of a
-    `raydist run` from nothing, starting and stopping. No public option
-    leaves them out: ``ray.init`` does not pass ``RayParams.no_monitor`` on,
-    and ``include_dashboard=False`` still starts the API server in its
-    minimal mode. Joining a running cluster is unaffected.
+    """``ray.init(**options)``, starting a lighter head if this starts a
+    private Ray for raydist's runs. Left out: the autoscaler monitor (a local
+    Ray has nothing to scale) and the dashboard's API server (job submission,
+    the state API); the dashboard agent runs as in a minimal ``pip install
+    ray`` (no metrics or HTTP server), so the driver does not import the
+    dashboard's web stack (~0.4 s) to decide it. A run uses none of these;
+    on 2 cores they cost ~2 s of a `raydist run` from nothing, starting and
+    stopping. No public option leaves them out: ``ray.init`` does not pass
+    ``RayParams.no_monitor`` on, and ``include_dashboard=False`` still starts
+    the API server and the full agent. Joining a running cluster is
+    unaffected.
     """
     try:
+        from ray._private import utils as ray_utils
         from ray._private.node import Node
 
-        saved = (Node.start_monitor, Node.start_api_server)
+        saved = (Node.start_monitor, Node.start_api_server, ray_utils.get_dashboard_dependency_error)
     except (ImportError, AttributeError) as error:
-        warn_once("head", f"cannot trim the private Ray's start ({type(error).__name__}: {error}); it starts ~1.5 s slower")
+        warn_once("head", f"cannot trim the private Ray's start ({type(error).__name__}: {error}); it starts ~2 s slower")
         ray.init(**options)
         return
     Node.start_monitor = lambda self: None  # type: ignore[method-assign]
     Node.start_api_server = lambda self, **kwargs: None  # type: ignore[method-assign]
+    ray_utils.get_dashboard_dependency_error = lambda: ImportError("a private Ray for raydist runs a minimal agent")
     try:
         ray.init(**options)
     finally:
-        Node.start_monitor, Node.start_api_server = saved  # type: ignore[method-assign]
+        Node.start_monitor, Node.start_api_server, ray_utils.get_dashboard_dependency_error = saved  # type: ignore[method-assign]
 
 
 def shutdown_ray() -> None:
