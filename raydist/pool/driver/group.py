@@ -121,8 +121,7 @@ class WorkerGroup:
     @property
     def spares(self) -> List[Placement]:
         """Where each ready spare worker runs (node, pid, devices); not in the world."""
-        pool = self._members.spares if self._members else None
-        return [spare.placement for spare in pool.ready] if pool is not None else []
+        return [spare.placement for spare in self._members.spares.ready] if self._members else []
 
     @property
     def held_resources(self) -> Dict[str, Dict[str, float]]:
@@ -320,7 +319,7 @@ def _watch(group: WorkerGroup) -> GroupWatcher:
         taken = list(dict.fromkeys(w.node_id for w in members.workers)) if request.node_layout else []
         more = room_for(request, taken) * request.per_bundle
         if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
-            seats = {w.actor_index for w in members.workers} | (members.spares.bundles() if members.spares else set())
+            seats = {w.actor_index for w in members.workers} | members.spares.bundles()
             more += len(free_seats(members.pg, seats))
         return min(sizes[1] - len(members.workers), more) if sizes else 0
 

@@ -95,7 +95,7 @@ def restart_in_place(
     _close_output(members, waited, call)
     plan = _plan(members, settled, leaving, config)
     doomed_ranks = sorted(settled.dead | set(plan.killed))
-    for actor in [members.actors[r] for r in doomed_ranks] + members.spares.drop_on(leaving):  # type: ignore[union-attr]
+    for actor in [members.actors[r] for r in doomed_ranks] + members.spares.drop_on(leaving):
         ray.kill(actor, no_restart=True)
     # What the replaced processes left on their nodes goes with them (a lost node's went with it).
     members.agents.ask(old, [r for r in doomed_ranks if old[r].node_id not in lost], "remove", start_missing=False)
@@ -105,8 +105,8 @@ def restart_in_place(
     _join(builder, members, plan)
     members.agents.start([w.node_id for w in members.workers])  # a replacement on a node new to the group
     seconds = time.time() - failed_at
-    taken = {w.actor_index for w in members.workers} | members.spares.bundles()  # type: ignore[union-attr]
-    members.spares.refill(free_seats(members.pg, taken), lambda: [as_placement(w) for w in members.workers])  # type: ignore[union-attr]
+    taken = {w.actor_index for w in members.workers} | members.spares.bundles()
+    members.spares.refill(free_seats(members.pg, taken), lambda: [as_placement(w) for w in members.workers])
     return restart_summary(plan, old, len(old), len(members.workers), seconds, config.survivor_timeout)
 
 
@@ -167,10 +167,10 @@ def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConf
     deadline = time.monotonic() + config.startup_timeout
     while True:
         taken = {w.actor_index for w in members.workers if w.rank not in gone and w.node_id not in leaving}
-        taken |= members.spares.bundles()  # type: ignore[union-attr]
+        taken |= members.spares.bundles()
         plan = plan_restart(
             members.workers, dead=settled.dead, stuck=settled.stuck, leaving_nodes=leaving,
-            spares=members.spares.seats(), free_seats=free_seats(members.pg, taken), sizes=sizes,  # type: ignore[union-attr]
+            spares=members.spares.seats(), free_seats=free_seats(members.pg, taken), sizes=sizes,
         )
         if not plan.missing:
             return plan
@@ -191,14 +191,14 @@ def _join(builder: GroupBuilder, members: Members, plan: RestartPlan) -> None:
     """The next world: kept processes, spares and new processes, described,
     ranked and set up together (kept ones leave their old group first)."""
     kept: List[Tuple[Any, int]] = [(members.actors[r], members.workers[r].actor_index) for r in plan.kept]
-    spares = members.spares.take(plan.spares)  # type: ignore[union-attr]
+    spares = members.spares.take(plan.spares)
     joining = [*kept, *[(s.actor, s.placement.index) for s in spares]]
     members.actors = [actor for actor, _ in joining]  # held, so that a failure from here releases them too
     fresh_bundles = [seat.bundle for seat in plan.fresh]
     actors = [actor for actor, _ in joining] + builder.create(members, fresh_bundles)
     bundles = [bundle for _, bundle in joining] + fresh_bundles
     placements = builder.describe(members, actors, bundles)
-    standby = [s.placement for s in members.spares.ready]  # type: ignore[union-attr]
+    standby = [s.placement for s in members.spares.ready]
     builder.assign(members, dict(zip(bundles, actors)), placements, standby)
     master = next(p for p in placements if p.index == members.workers[0].actor_index)
     builder.set_up(members, master.free_port)

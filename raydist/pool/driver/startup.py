@@ -58,19 +58,19 @@ class Members:
     accelerator: Accelerator
     bundle: Dict[str, float]  # one worker's resources
     request: Request  # what the group asked of the cluster (bundles, nodes allowed)
-    pg: Optional[PlacementGroup] = None
+    pg: Optional[PlacementGroup]  # None once released
+    spares: SparePool  # empty unless spare_workers
     actors: List[Any] = field(default_factory=list)  # by rank once ranks are assigned
     workers: List[WorkerInfo] = field(default_factory=list)  # by rank
     contexts: List[Optional["DistInfo"]] = field(default_factory=list)
     agents: NodeAgents = field(default_factory=lambda: NodeAgents(None))
     output: Optional[GroupOutput] = None
     routes: List[RankRoute] = field(default_factory=list)  # by rank: where its output goes
-    spares: Optional[SparePool] = None
 
     def held_resources(self) -> Dict[str, Dict[str, float]]:
         """What the workers and spares hold on each node (node id -> amounts)."""
         held: Dict[str, Dict[str, float]] = {}
-        nodes = [w.node_id for w in self.workers] + [s.placement.node_id for s in (self.spares.ready if self.spares else [])]
+        nodes = [w.node_id for w in self.workers] + [s.placement.node_id for s in self.spares.ready]
         for node_id in nodes:
             amounts = held.setdefault(node_id, {})
             for name, amount in self.bundle.items():
@@ -82,7 +82,7 @@ def release(members: Members, graceful: bool) -> None:
     """Leave the process group (if ``graceful``), kill the actors and spares,
     free the placement group, remove the workers' evidence files, kill the
     node agents; returns once Ray reports them dead."""
-    spares = members.spares.close() if members.spares is not None else []
+    spares = members.spares.close()
     actors = [actor for actor in members.actors if actor is not None]
     try:
         if graceful and actors:
@@ -142,7 +142,7 @@ class GroupBuilder:
             placements = self.describe(members, actors, range(len(actors)))
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
             self.assign(members, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
-            members.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)  # type: ignore[union-attr]
+            members.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
             self.set_up(members, placements[members.workers[0].actor_index].free_port)
             # Off the start path: the other nodes' agents start while the first call runs.
             members.agents.start([worker.node_id for worker in members.workers])
@@ -178,10 +178,10 @@ class GroupBuilder:
             sizes = (count, count)
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
-        members = Members(accelerator, bundle, request, agents=NodeAgents(driver_node()))
-        members.pg, size = reserve(request, config.startup_timeout)
+        pg, size = reserve(request, config.startup_timeout)
+        pool = SparePool(spares, pg, bundle, accelerator, config.startup_timeout)
+        members = Members(accelerator, bundle, request, pg, pool, agents=NodeAgents(driver_node()))
         members.actors = [None] * (size * request.per_bundle)
-        members.spares = SparePool(spares, members.pg, bundle, accelerator, config.startup_timeout)
         return members
 
     def create(self, members: Members, slots: Sequence[int]) -> List[Any]:
