@@ -7,6 +7,7 @@ starts from "Ray not initialised" and any Ray it started would show there.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -137,3 +138,36 @@ def test_ray_shutdown_during_a_call_is_a_clear_error_and_starts_no_new_ray(clean
     assert len(sessions) == 1, sessions
     ps = subprocess.run(["ps", "-A", "-o", "args="], capture_output=True, text=True).stdout
     assert clean_env["RAY_TMPDIR"] not in ps
+
+
+PRIVATE_HEAD = """
+    import glob, json, os, psutil, ray, raydist
+    from ray._private import utils
+    from ray._private.node import Node
+    originals = (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error)
+    raydist.run(print, num_workers=1, address="local")
+    def command(process):
+        try:
+            return " ".join(process.cmdline())
+        except psutil.Error:  # a killed worker not yet reaped
+            return ""
+    processes = [command(p) for p in psutil.Process().children(recursive=True)]
+    session = ray._private.worker._global_node.get_session_dir_path()
+    ports = {os.path.basename(path).rsplit("_", 1)[0]: open(path).read().strip() for path in glob.glob(os.path.join(session, "*_port_*"))}
+    restored = (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error) == originals
+    print("HEAD " + json.dumps({"processes": processes, "ports": ports, "restored": restored}))
+"""
+
+
+def test_a_private_ray_starts_only_what_a_run_needs(clean_env: Dict[str, str]) -> None:
+    result = python(PRIVATE_HEAD, clean_env)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("HEAD ")]
+    assert len(lines) == 1, explain(result)
+    head = json.loads(lines[0][len("HEAD "):])
+    commands = "\n".join(head["processes"])
+    assert "gcs_server" in commands and "raylet" in commands, commands  # it did start a Ray
+    assert "autoscaler/_private/monitor.py" not in commands, commands  # nothing to scale
+    assert "dashboard/dashboard.py" not in commands, commands  # no API server
+    # The dashboard agent runs as in a minimal install: no metrics or HTTP server.
+    assert head["ports"].get("metrics_agent_port") == "-1" and head["ports"].get("dashboard_agent_listen_port") == "-1", head["ports"]
+    assert head["restored"], "Ray's own functions were left patched"
