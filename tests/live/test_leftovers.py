@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import List, Set
+from typing import List, Optional, Set
 
+import psutil
 import pytest
 import ray
 import torch.distributed as dist
@@ -39,8 +42,18 @@ def raydist_files_of(pids: Set[int]) -> List[str]:
     return found
 
 
+def listening_ports() -> Set[int]:
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def new_threads(before: Set[Optional[int]]) -> List[str]:
+    return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+
+
 def test_twenty_runs_some_failing_leave_no_files() -> None:
     before = {name for name in os.listdir(tempfile.gettempdir()) if "raydist" in name}
+    threads_before = {t.ident for t in threading.enumerate()}
+    ports_before = listening_ports()
     pids: Set[int] = set()
     for index in range(20):
         try:
@@ -52,6 +65,12 @@ def test_twenty_runs_some_failing_leave_no_files() -> None:
     # No new per-run directory either (the old raydist-errors/<run id> ones).
     errors_dir = Path(tempfile.gettempdir()) / "raydist-errors"
     assert not errors_dir.exists() or "raydist-errors" in before
+    # Nor a thread or a listening port in the driver (each run's pdb relay once kept both).
+    deadline = time.monotonic() + 10
+    while new_threads(threads_before) and time.monotonic() < deadline:
+        threading.Event().wait(0.1)  # threads end on their own once told to stop
+    assert new_threads(threads_before) == []
+    assert listening_ports() <= ports_before
 
 
 CRASHING_DRIVER = """

@@ -121,6 +121,10 @@ class DebugRelay:
     def stop(self) -> None:
         """Close the relay and every waiting session (their ranks' pdb sees EOF and quits)."""
         self._stop.set()
+        try:  # wakes the thread blocked in accept(), which close() alone does not (Linux)
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         for closing in [self._server] + [s.connection for s in self._waiting]:
             try:
                 closing.close()
