@@ -158,7 +158,8 @@ def test_twenty_restarts_in_place_leave_no_memory_port_or_thread_behind() -> Non
             # 18 attempts apart: a thread per attempt would show; one started lazily once may
             assert last[rank]["threads"] - first[rank]["threads"] <= 1, (first[rank], last[rank])
             assert last[rank]["listening"] <= first[rank]["listening"], (first[rank], last[rank])
-            assert last[rank]["sockets"] <= first[rank]["sockets"], (first[rank], last[rank])
+            # a connection leaked per attempt would show 18 times; Ray opens one of its own now and then
+            assert last[rank]["sockets"] - first[rank]["sockets"] <= 2, (first[rank], last[rank])
     assert_nothing_left()
 
 
