@@ -9,10 +9,11 @@ seconds with a ConnectionError that names the address and what to do.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import ray
 
@@ -146,26 +147,27 @@ def _start_private_ray(address: Optional[str]) -> None:
     thread would take Ray down with that thread, under the runs of every
     other thread (which then hang for 60 s and die).
     """
+    start = functools.partial(ray_private.start_private_ray, address=address, **PRIVATE_RAY_OPTIONS)
     if threading.current_thread() is threading.main_thread():
-        ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+        start()
         return
-    outcome: Dict[str, BaseException] = {}
+    failed: List[BaseException] = []
     started = threading.Event()
 
     def parent() -> None:
         try:
-            ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+            start()
         except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-            outcome["error"] = error
-            started.set()
+            failed.append(error)
             return
-        started.set()
+        finally:
+            started.set()
         threading.Event().wait()  # never set: this thread is Ray's parent until the process ends
 
     threading.Thread(target=parent, name="raydist-ray-parent", daemon=True).start()
     started.wait()
-    if "error" in outcome:
-        raise outcome["error"]
+    if failed:
+        raise failed[0]
 
 
 def connected_session() -> Optional[str]:
