@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -133,6 +133,7 @@ class GroupBuilder:
         self._router = router
         self.restart_count = restart_count  # the attempt being built (a warm restart raises it)
         self._node_order = tuple(node_order)
+        self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
 
     def build(self) -> Members:
         """The started group's members; on any failure everything made so far is released."""
@@ -195,7 +196,8 @@ class GroupBuilder:
 
     def describe(self, members: Members, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
         """Round trip 1: where each worker landed (node, devices, a free port)."""
-        return self._await(members, [actor.describe.remote(i) for actor, i in zip(actors, slots)], "started")
+        used = frozenset(self._master_ports)
+        return self._await(members, [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
 
     def assign(self, members: Members, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> None:
         """Ranks from where the workers landed (``actors`` by slot); this attempt's output."""
@@ -210,6 +212,7 @@ class GroupBuilder:
 
     def set_up(self, members: Members, master_port: int) -> None:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
+        self._master_ports.add(master_port)
         specs = self._specs(members, master_port)
         members.contexts = self._await(members, [a.setup.remote(s) for a, s in zip(members.actors, specs)], "initialised")
 

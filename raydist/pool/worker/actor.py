@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, FrozenSet, Mapping, Optional
+from typing import TYPE_CHECKING, AbstractSet, Any, FrozenSet, Mapping, Optional
 
 import ray
 import ray.cloudpickle
@@ -21,7 +20,7 @@ from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo,
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import debugger
 from raydist.pool.worker import exit_hooks
-from raydist.pool.worker.connections import Connection, shut_down, tcp_connections
+from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
@@ -30,12 +29,6 @@ from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 # imported only inside the actor's methods, so a driver never loads it.
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
-
-
-def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -104,7 +97,9 @@ class RayWorker:
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
 
-    def describe(self, index: int) -> Placement:
+    def describe(self, index: int, used_ports: AbstractSet[int] = frozenset()) -> Placement:
+        """Where this worker runs, and a free port for MASTER_PORT other than
+        the group's earlier ones (`used_ports`)."""
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = self._evidence
@@ -119,7 +114,7 @@ class RayWorker:
             node_ip=ray.util.get_node_ip_address(),
             pid=os.getpid(),
             accelerator_ids=tuple(str(i) for i in ids),
-            free_port=find_free_port(),
+            free_port=find_free_port(avoid=used_ports),
             evidence=evidence,
         )
 

@@ -1,4 +1,5 @@
-"""The TCP connections a process group opened, closed for sure at teardown.
+"""A process group's TCP side: a MASTER_PORT not used before, and the
+connections the group opened, closed for sure at teardown.
 
 gloo has no abort, and destroying a process group closes its connections
 only once nothing references it any more; after a failed call, something
@@ -13,9 +14,22 @@ descriptor still holds the same connection (never one Ray opened since).
 from __future__ import annotations
 
 import socket
-from typing import FrozenSet, Tuple
+from typing import AbstractSet, FrozenSet, Tuple
 
 Connection = Tuple[int, Tuple[object, ...], Tuple[object, ...]]  # (fd, local address, remote address)
+
+
+def find_free_port(avoid: AbstractSet[int] = frozenset()) -> int:
+    """A port free now, other than those in `avoid`: the kernel may hand back
+    a port it gave before, and a restart must not reuse an earlier attempt's
+    MASTER_PORT (a straggler of that world could reach the new store)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise RuntimeError(f"no free port outside the {len(avoid)} the group used before")
 
 
 def tcp_connections() -> FrozenSet[Connection]:
