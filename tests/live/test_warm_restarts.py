@@ -130,10 +130,13 @@ def footprint() -> Dict[str, Any]:
 
     process = psutil.Process()
     connections = process.net_connections(kind="tcp")
+    native = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
     return {
         "pid": process.pid,
         "rss": process.memory_info().rss,
-        "threads": process.num_threads(),
+        "threads": len(native),
+        # what an attempt starts: Python threads (raydist's, the user's) and the process group's own
+        "group_threads": threading.active_count() + sum(1 for name in native if name.startswith(("pt_", "gloo"))),
         "listening": sum(1 for c in connections if c.status == psutil.CONN_LISTEN),
         "sockets": len(connections),
         "port": os.environ["MASTER_PORT"],
@@ -156,10 +159,12 @@ def test_twenty_restarts_in_place_leave_no_memory_port_or_thread_behind() -> Non
         for rank in (0, 1):
             assert last[rank]["rss"] - first[rank]["rss"] < 50 * 2**20, (first[rank], last[rank])
             # 18 attempts apart: a thread per attempt would show; one started lazily once may
-            assert last[rank]["threads"] - first[rank]["threads"] <= 1, (first[rank], last[rank])
+            assert last[rank]["group_threads"] - first[rank]["group_threads"] <= 1, (first[rank], last[rank])
+            # gRPC's pools (Ray's) grow under load, by a few over a whole run, never once per attempt
+            assert last[rank]["threads"] - first[rank]["threads"] < 9, (first[rank], last[rank])
             assert last[rank]["listening"] <= first[rank]["listening"], (first[rank], last[rank])
-            # a connection leaked per attempt would show 18 times; Ray opens one of its own now and then
-            assert last[rank]["sockets"] - first[rank]["sockets"] <= 2, (first[rank], last[rank])
+            # a connection leaked per attempt would show 18 times; Ray's gRPC opens some of its own under load
+            assert last[rank]["sockets"] - first[rank]["sockets"] < 9, (first[rank], last[rank])
     assert_nothing_left()
 
 
