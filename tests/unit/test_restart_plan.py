@@ -12,6 +12,7 @@ from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.layout import assign_ranks
 from raydist.pool.rules.restart_plan import RestartPlan, Seat, plan_restart, restart_summary
 from raydist.pool.rules.sizing import infeasibility
+from raydist.pool.worker.connections import find_free_port
 from raydist.pool.records import ClusterNode
 
 
@@ -146,8 +147,6 @@ def test_a_spares_devices_count_in_its_nodes_visible_list() -> None:
 
 
 def test_a_new_master_port_is_never_one_the_group_used_before() -> None:
-    from raydist.pool.worker.connections import find_free_port
-
     used = {find_free_port() for _ in range(200)}  # ports the kernel hands out now
     assert all(find_free_port(avoid=used) not in used for _ in range(50))
     with pytest.raises(RuntimeError, match="no free port"):
