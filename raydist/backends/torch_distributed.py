@@ -19,10 +19,17 @@ from raydist.core.devices import default_backend
 from raydist.core.environment import WorldInfo, read_world_info
 
 
-def _init_process_group(backend: str, dist_url: Optional[str], timeout: Optional[datetime.timedelta]) -> None:
+def _init_process_group(
+    backend: str, dist_url: Optional[str], timeout: Optional[datetime.timedelta], device_id: Optional[torch.device]
+) -> None:
     kwargs: Dict[str, Any] = {"backend": backend, "init_method": dist_url or "env://"}
     if timeout is not None:
         kwargs["timeout"] = timeout
+    if device_id is not None and backend != "gloo":
+        # Binds the accelerator backend's communicator to this process's
+        # device: torch's NCCL backend starts it eagerly then, and from
+        # torch 2.15 on requires it. (gloo keeps its CPU default.)
+        kwargs["device_id"] = device_id
     if "SLURM_PROCID" in os.environ:
         # SLURM sets no torch variables: pass rank/size explicitly, and export
         # them so later code (and torch helpers) see the torchrun names.
@@ -52,7 +59,7 @@ class TorchDistributedBackend(Backend):
     def init(self, device_type: str) -> WorldInfo:
         launcher = read_world_info()
         if not dist.is_initialized():  # a script may have initialised it itself
-            _init_process_group(self.name or default_backend(device_type), self._dist_url, self._timeout)
+            _init_process_group(self.name or default_backend(device_type), self._dist_url, self._timeout, self.device_id)
         self.name = str(dist.get_backend())
         # gloo moves objects on the CPU; nccl/hccl/xccl need them on the
         # current device of the kind, which init_distributed pins next.

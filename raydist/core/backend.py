@@ -16,9 +16,12 @@ import threading
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from raydist.core.environment import WorldInfo
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Backend(ABC):
@@ -30,6 +33,10 @@ class Backend(ABC):
 
     # What DistInfo.backend reports ("gloo", "nccl", "horovod", ...); final once ``init`` returns.
     name: Optional[str]
+    # This process's accelerator device (e.g. cuda:1), set by ``init_distributed``
+    # before ``init`` when it will pin one; None on CPU. A backend that binds
+    # its communicator to a device uses it; others ignore it.
+    device_id: Optional["torch.device"] = None
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from raydist.core.backend import TORCH_BACKEND, Backend, BackendEntry, backend_entry, load
 from raydist.core.devices import accelerator_type, device_type_of, is_device_available, is_indexed, set_device
-from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, has_rendezvous, is_using_distributed
+from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, has_rendezvous, is_using_distributed, read_world_info
 
 
 @dataclass(frozen=True)
@@ -139,11 +139,12 @@ def init_distributed(
         device_type = device_type_of(device)
         entry = backend_entry("horovod" if horovod else backend)
         chosen = _choose_backend(entry, backend, dist_url, timeout, world_of_one)
+        if chosen is not None and not no_set_device_rank:
+            chosen.device_id = _device_to_bind(requested, device_type)
         world = chosen.init(device_type) if chosen is not None else WorldInfo()
         distributed = chosen is not None
 
-        # Computed from the kind asked for, so that it is right even where
-        # torch fell back to CPU (fake devices in tests).
+        # From the kind asked for: right even where torch fell back to CPU (fake devices in tests).
         device_index = _device_index(requested, world.local_rank, distributed)
         if distributed and not no_set_device_rank:
             device = _pin_device(device, device_type, device_index)
@@ -162,6 +163,16 @@ def init_distributed(
         )
         _backend = chosen
         return _context
+
+
+def _device_to_bind(requested: str, device_type: str) -> Optional[torch.device]:
+    """The accelerator device this process will be pinned to, known before
+    the backend joins (from the launcher's local rank); None on CPU, mps, or
+    where the kind asked for fell back to CPU."""
+    index = _device_index(requested, read_world_info().local_rank, True)
+    if index is None or device_type == "cpu" or not is_indexed(device_type):
+        return None
+    return torch.device(device_type, index)
 
 
 def _pin_device(device: str, device_type: str, device_index: Optional[int]) -> str:
