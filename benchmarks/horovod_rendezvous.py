@@ -92,7 +92,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import ray
     from horovod.runner.http.http_server import RendezvousHandler
 
-    from raydist.pool.driver.horovod_rendezvous import HorovodRendezvous, scoped_rendezvous_handler
+    from raydist.backends.horovod.driver import HorovodRendezvous, scoped_rendezvous_handler
 
     from _common import header, init_ray, print_table
 

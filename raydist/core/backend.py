@@ -131,32 +131,30 @@ class BackendEntry:
             raise ImportError(f"backend {self.name!r} needs {self.requires}, which cannot be imported: {hint}") from error
 
 
-HOROVOD_INSTALL_HINT = (
-    "horovod is not installed: install it with scripts/install-horovod.sh "
-    "(horovod 0.28.1 needs a C++17 patch to build against current torch), "
-    "or `pip install 'raydist[horovod]'` where a compatible wheel exists"
-)
-
-BUILTIN_BACKENDS: Tuple[BackendEntry, ...] = (
-    BackendEntry(
-        name=TORCH_BACKEND,
-        worker="raydist.backends.torch_distributed:TorchDistributedBackend",
-        driver_hooks="raydist.pool.driver.hooks:TorchDistributedHooks",
-    ),
-    BackendEntry(
-        name="horovod",
-        worker="raydist.backends.horovod:HorovodBackend",
-        driver_hooks="raydist.pool.driver.horovod_rendezvous:HorovodHooks",
-        reserved_env_prefixes=("HOROVOD_GLOO_RENDEZVOUS_",),
-        requires="horovod.torch",
-        install_hint=HOROVOD_INSTALL_HINT,
-    ),
+# The built-in backends' entries, each kept in its own package with both of
+# its halves; loaded at the registry's first use (they import this module).
+BUILTIN_BACKENDS: Tuple[str, ...] = (
+    "raydist.backends.torch_distributed:ENTRY",
+    "raydist.backends.horovod:ENTRY",
 )
 
 _lock = threading.Lock()
-_registry: Dict[str, BackendEntry] = {entry.name: entry for entry in BUILTIN_BACKENDS}
+_registry: Dict[str, BackendEntry] = {}  # filled with the built-in entries at first use
 _not_plugins: Set[str] = set()  # names already looked up among the entry points, in vain
 _all_plugins_loaded = False
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Put the built-in entries in the registry, once, before anything else is."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    entries = [load(ref) for ref in BUILTIN_BACKENDS]  # outside the lock: importing runs their modules
+    with _lock:
+        if not _builtins_loaded:
+            _registry.update({entry.name: entry for entry in entries})
+            _builtins_loaded = True
 
 
 def register_backend(entry: BackendEntry) -> BackendEntry:
@@ -164,6 +162,7 @@ def register_backend(entry: BackendEntry) -> BackendEntry:
     same name replaces the first); returns it."""
     if not isinstance(entry, BackendEntry):
         raise TypeError(f"register_backend takes a raydist.core.backend.BackendEntry, not {type(entry).__name__}")
+    _load_builtins()
     with _lock:
         _registry[entry.name] = entry
         _not_plugins.discard(entry.name)
@@ -197,6 +196,7 @@ def backend_entry(name: Optional[str]) -> BackendEntry:
     else torch.distributed's, whose backends (gloo, nccl, hccl, xccl, ccl,
     mpi, ...) are many and open-ended. None is torch.distributed."""
     key = TORCH_BACKEND if name is None else name.strip().lower()
+    _load_builtins()
     with _lock:
         entry = _registry.get(key)
         if entry is not None or key in _not_plugins:
@@ -213,6 +213,7 @@ def registered_backends() -> Tuple[BackendEntry, ...]:
     """Every backend known here: the built-in ones, those registered in this
     process and every installed plugin (loaded on the first call)."""
     global _all_plugins_loaded
+    _load_builtins()
     if not _all_plugins_loaded:
         for point in _entry_points():
             if point.name.strip().lower() in _registry:

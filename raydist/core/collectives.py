@@ -2,7 +2,7 @@
 
 With world size 1 they need no backend. Inside a raydist Ray worker a large
 object does not travel through the backend: it is put once in Ray's object
-store and only a small reference is sent (see ``raydist.pool.object_store``);
+store and only a small reference is sent (the worker pool installs that path);
 its owner frees it once every rank that reads it has done so. Every other
 case pickles through the backend. A rank never sends its own object to
 itself (the source of a broadcast or scatter, the destination of a gather):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence
 
 # raydist sets this on each worker that holds a device: the position of its
-# first device in the node's visible-devices list (see raydist.pool.layout).
+# first device in the node's visible-devices list (the worker pool's layout rule).
 DEVICE_INDEX_VAR = "RAYDIST_DEVICE_INDEX"
 
 # First variable present wins, as in open_clip's helpers.

@@ -48,8 +48,8 @@ CHILD = textwrap.dedent(
         report["ray_hidden"] = True
 
     import raydist
-    import raydist.backends.horovod
-    import raydist.backends.torch_distributed
+    import raydist.backends.horovod.worker
+    import raydist.backends.torch_distributed.worker
     import raydist.config
     import raydist.core.accelerators
     import raydist.core.backend

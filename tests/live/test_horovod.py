@@ -17,8 +17,8 @@ import torch
 from conftest import REPO, live_placement_groups, live_raydist_actors, start_cluster
 
 import raydist
-from raydist.backends.horovod import interface_for_ip
-from raydist.pool.driver.horovod_rendezvous import HorovodRendezvous
+from raydist.backends.horovod.worker import interface_for_ip
+from raydist.backends.horovod.driver import HorovodRendezvous
 from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.layout import assign_ranks
 

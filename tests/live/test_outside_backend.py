@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 from test_cli import cli_env, explain, ray_tmpdir, raydist  # noqa: F401 - fixtures
 
-from raydist.backends.torch_distributed import TorchDistributedBackend
+from raydist.backends.torch_distributed.worker import TorchDistributedBackend
 from raydist.core.backend import BackendEntry, register_backend
 from raydist.core.environment import WorldInfo
 

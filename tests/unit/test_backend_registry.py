@@ -24,7 +24,8 @@ PACKAGE = Path(registry.__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts from the built-in entries, and leaves nothing behind."""
-    monkeypatch.setattr(registry, "_registry", {entry.name: entry for entry in registry.BUILTIN_BACKENDS})
+    monkeypatch.setattr(registry, "_registry", {entry.name: entry for entry in map(load, registry.BUILTIN_BACKENDS)})
+    monkeypatch.setattr(registry, "_builtins_loaded", True)
     monkeypatch.setattr(registry, "_not_plugins", set())
     monkeypatch.setattr(registry, "_all_plugins_loaded", False)
     yield
@@ -37,11 +38,11 @@ def demo_entry(name: str = "demo", **kwargs: object) -> BackendEntry:
 def test_builtin_entries() -> None:
     torch_entry = backend_entry(None)
     assert torch_entry.name == registry.TORCH_BACKEND == "torch"
-    assert torch_entry.worker == "raydist.backends.torch_distributed:TorchDistributedBackend"
-    assert torch_entry.driver_hooks == "raydist.pool.driver.hooks:TorchDistributedHooks"
+    assert torch_entry.worker == "raydist.backends.torch_distributed.worker:TorchDistributedBackend"
+    assert torch_entry.driver_hooks == "raydist.backends.torch_distributed.driver:TorchDistributedHooks"
     horovod = backend_entry("horovod")
-    assert horovod.worker == "raydist.backends.horovod:HorovodBackend"
-    assert horovod.driver_hooks == "raydist.pool.driver.horovod_rendezvous:HorovodHooks"
+    assert horovod.worker == "raydist.backends.horovod.worker:HorovodBackend"
+    assert horovod.driver_hooks == "raydist.backends.horovod.driver:HorovodHooks"
     assert horovod.reserved_env_prefixes == ("HOROVOD_GLOO_RENDEZVOUS_",)
     assert horovod.requires == "horovod.torch"
     assert backend_entry(" HoroVod ") is horovod
@@ -168,7 +169,7 @@ def test_config_backend_checks_use_the_registry() -> None:
 def test_every_backend_has_the_uniform_constructor() -> None:
     expected = ["self", "backend", "dist_url", "timeout"]
     assert list(inspect.signature(registry.Backend.__init__).parameters) == expected
-    for entry in registry.BUILTIN_BACKENDS:
+    for entry in map(load, registry.BUILTIN_BACKENDS):
         cls = load(entry.worker)
         assert issubclass(cls, registry.Backend)
         assert list(inspect.signature(cls.__init__).parameters) == expected, entry.name
@@ -187,9 +188,23 @@ def _raydist_imports(path: Path) -> set:
 
 @pytest.mark.parametrize("folder", ["core", "backends"])
 def test_core_and_backends_import_only_the_core(folder: str) -> None:
-    for path in sorted((PACKAGE / folder).glob("*.py")):
-        outside = {name for name in _raydist_imports(path) if not name.startswith("raydist.core")}
-        assert not outside, f"raydist/{folder}/{path.name} imports {sorted(outside)}"
+    """A backend's entry and worker half run without Ray (under torchrun too);
+    only its driver half reads what the worker group hands it."""
+    for path in sorted((PACKAGE / folder).rglob("*.py")):
+        if path.name == "driver.py":
+            continue
+        own = f"raydist.{folder}.{path.parent.name}" if path.parent != PACKAGE / folder else "raydist.core"
+        outside = {name for name in _raydist_imports(path) if not name.startswith(("raydist.core", own))}
+        assert not outside, f"{path.relative_to(PACKAGE)} imports {sorted(outside)}"
+
+
+def test_each_backend_keeps_its_halves_and_entry_in_its_own_package() -> None:
+    for ref in registry.BUILTIN_BACKENDS:
+        package = ref.partition(":")[0]
+        entry = load(ref)
+        assert entry.worker.startswith(f"{package}.worker:") and entry.driver_hooks.startswith(f"{package}.driver:")
+        assert issubclass(load(entry.worker), registry.Backend)
+        assert (PACKAGE.parent / package.replace(".", "/") / "driver.py").is_file()  # imports Ray: not loaded here
 
 
 def test_config_imports_only_the_core() -> None:

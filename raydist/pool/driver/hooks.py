@@ -5,7 +5,8 @@
 builds with the run's config; the hooks say which arguments each worker
 passes to ``init_distributed``, start what the workers need from the driver
 once ranks are known (returning each rank's extra variables), and stop it at
-teardown. A new backend is a new module and one registry entry.
+teardown. Each backend's hooks live in its own package
+(``raydist.backends.<name>.driver``), next to its worker half and entry.
 """
 
 from __future__ import annotations
@@ -27,27 +28,6 @@ class GroupHooks(Protocol):
 
     def stop(self) -> None:
         """Stop what ``start`` started; safe before ``start`` and more than once."""
-
-
-class TorchDistributedHooks:
-    """torch.distributed needs nothing from the driver: torchrun's variables,
-    which every worker gets, are its rendezvous."""
-
-    entry: Any = None
-
-    def __init__(self, config: RunConfig) -> None:
-        self._config = config
-
-    def init_kwargs(self) -> Optional[Dict[str, Any]]:
-        if not self._config.init_process_group:
-            return None
-        return {"backend": self._config.backend}
-
-    def start(self, workers: Sequence[WorkerInfo]) -> List[Dict[str, str]]:
-        return [{} for _ in workers]
-
-    def stop(self) -> None:
-        pass
 
 
 def group_hooks(config: RunConfig) -> GroupHooks:

@@ -1,7 +1,7 @@
 """Horovod on the worker group, the driver's side: horovod's own Gloo
 rendezvous server, run by the driver and listening on its node IP only, with a
 host plan built from the group's node layout and a request handler that
-survives repeated hvd.init(). The workers' side is raydist.backends.horovod.
+survives repeated hvd.init(). The workers' side is raydist.backends.horovod.worker.
 
 Horovod scopes its gloo rendezvous by hostname (``local_<HOROVOD_HOSTNAME>``):
 each worker's HOROVOD_HOSTNAME is its Ray node id, exactly as in the plan, so
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
 
 import ray
 
-from raydist.backends.horovod import NODE_IP_VAR, import_horovod
+from raydist.backends.horovod.worker import NODE_IP_VAR, import_horovod
 from raydist.pool.records import WorkerInfo
 
 if TYPE_CHECKING:  # horovod is imported only when a horovod group starts

@@ -14,7 +14,8 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from raydist.core.backend import HOROVOD_INSTALL_HINT, Backend
+from raydist.backends.horovod import INSTALL_HINT
+from raydist.core.backend import Backend
 from raydist.core.environment import WorldInfo
 # raydist's driver gives each horovod worker its node's IP here; horovod's
 # gloo binds to a network interface, so the worker looks up the one holding it.
@@ -34,7 +35,7 @@ def import_horovod() -> ModuleType:
     try:
         import horovod.torch as hvd
     except ImportError as error:
-        raise ImportError(HOROVOD_INSTALL_HINT) from error
+        raise ImportError(INSTALL_HINT) from error
     return hvd
 
 
