@@ -7,12 +7,52 @@ traceback or how the process died. The earliest failure is the root cause
 
 from __future__ import annotations
 
+import enum
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from raydist.pool.records import CallEnd, CollectiveEntry
-from raydist.pool.rules.text import ranks_text
+
+class CallEnd(enum.Enum):
+    """How a call (or a start-up step) on a worker group ended."""
+
+    FINISHED = "finished"
+    RANK_FAILED = "rank failed"  # a rank's code raised or exited non-zero, or its process died
+    NODE_LOST = "node lost"  # the root cause is a rank whose node died or left the cluster
+    DRAINED = "drained"  # ranks on a node Ray was draining failed: a preemption
+    GROW = "room to grow"  # raydist stopped the group to restart it larger (restart_to_grow)
+    TIMED_OUT = "timed out"
+    CANCELLED = "cancelled"  # WorkerFuture.cancel()
+    SHUT_DOWN = "shut down"  # the group or Ray was shut down while the call ran
+
+
+@dataclass(frozen=True)
+class CollectiveEntry:
+    """One collective in a rank's flight recorder (torch's ``_dump_fr_trace``)."""
+
+    group: str  # the process group's name ("0": the default group)
+    seq: int  # collective_seq_id: the n-th collective of that group on this rank
+    op: str  # "all_reduce", "broadcast", ...
+    shapes: Tuple[Tuple[int, ...], ...]  # input sizes
+    dtypes: Tuple[str, ...]  # input dtypes, as torch names them ("float32")
+    created_ns: int  # when the rank entered it, by its own wall clock
+    completed: bool  # torch retired it: the rank left it
+    failed: bool = False  # the rank's call raised inside it (a process group timeout, a peer gone)
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"."""
+    spans: List[str] = []
+    ordered = sorted(ranks)
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
 
 
 class RaydistError(Exception):

@@ -5,13 +5,15 @@ the worker all import this module, and it imports none of them."""
 
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
+from raydist.errors import CallEnd, CollectiveEntry
+
 if TYPE_CHECKING:
     from raydist.config import RunConfig
+
 
 
 @dataclass(frozen=True)
@@ -80,20 +82,6 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class CollectiveEntry:
-    """One collective in a rank's flight recorder (torch's ``_dump_fr_trace``)."""
-
-    group: str  # the process group's name ("0": the default group)
-    seq: int  # collective_seq_id: the n-th collective of that group on this rank
-    op: str  # "all_reduce", "broadcast", ...
-    shapes: Tuple[Tuple[int, ...], ...]  # input sizes
-    dtypes: Tuple[str, ...]  # input dtypes, as torch names them ("float32")
-    created_ns: int  # when the rank entered it, by its own wall clock
-    completed: bool  # torch retired it: the rank left it
-    failed: bool = False  # the rank's call raised inside it (a process group timeout, a peer gone)
-
-
-@dataclass(frozen=True)
 class Outcome:
     """What one rank's call ended with (raising is reported, not propagated)."""
 
@@ -132,16 +120,3 @@ class WorkerSpec:
     device_type: str  # torch's device type of the group's accelerator kind
     init_kwargs: Optional[Mapping[str, Any]]  # the backend's init_distributed arguments; None: the code initialises itself
     backend_entry: Any = None  # config.backend's registry entry, registered in the worker before init
-
-
-class CallEnd(enum.Enum):
-    """How a call (or a start-up step) on a worker group ended."""
-
-    FINISHED = "finished"
-    RANK_FAILED = "rank failed"  # a rank's code raised or exited non-zero, or its process died
-    NODE_LOST = "node lost"  # the root cause is a rank whose node died or left the cluster
-    DRAINED = "drained"  # ranks on a node Ray was draining failed: a preemption
-    GROW = "room to grow"  # raydist stopped the group to restart it larger (restart_to_grow)
-    TIMED_OUT = "timed out"
-    CANCELLED = "cancelled"  # WorkerFuture.cancel()
-    SHUT_DOWN = "shut down"  # the group or Ray was shut down while the call ran

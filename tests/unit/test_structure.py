@@ -60,6 +60,12 @@ def test_the_core_imports_nothing_else_of_raydist_and_backends_only_the_core() -
             assert {m for m in used if not m.startswith(allowed)} == set(), name
 
 
+def test_errors_sit_below_the_pool() -> None:
+    """Every layer reads raydist.errors; it reads nothing of raydist (the
+    call ends and collective records its errors carry are defined there)."""
+    assert set(imports(MODULES["raydist.errors"], top_level_only=False)) == set()
+
+
 def test_the_core_names_no_pool_module_even_as_a_string() -> None:
     for path in sorted((PACKAGE / "core").rglob("*.py")):
         assert "raydist.pool" not in path.read_text(), path.name

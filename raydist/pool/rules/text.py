@@ -7,20 +7,8 @@ import math
 import time
 from typing import List, Mapping, Sequence
 
+from raydist.errors import ranks_text
 
-def ranks_text(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "ranks 0-2, 5"."""
-    spans: List[str] = []
-    ordered = sorted(ranks)
-    start = prev = ordered[0]
-    for rank in [*ordered[1:], None]:
-        if rank is not None and rank == prev + 1:
-            prev = rank
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if rank is not None:
-            start = prev = rank
-    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
 
 
 def fmt_resources(resources: Mapping[str, float]) -> str:
