@@ -17,6 +17,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), s
 sys.path[:0] = [str(REPO / "tests")]
 
 LOCAL_CPUS = 4
+
+
+def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
+    """A repetition count: ``quick`` in ``make test``, ``soak`` (the count the
+    acceptance asks for) under the ``soak`` marker, run by ``make soak``."""
+    return pytest.mark.parametrize(
+        "repeat", [pytest.param(quick, id=f"x{quick}"), pytest.param(soak, id=f"x{soak}", marks=pytest.mark.soak)]
+    )
 _current: Dict[str, object] = {"kind": None, "cluster": None}
 
 

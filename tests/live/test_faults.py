@@ -14,7 +14,7 @@ from typing import Any, List
 import pytest
 import ray
 import torch.distributed as dist
-from conftest import REPO, live_placement_groups, live_raydist_actors, start_cluster
+from conftest import REPO, repeats, live_placement_groups, live_raydist_actors, start_cluster
 
 import raydist
 
@@ -146,8 +146,9 @@ def maybe_fail(index: int) -> int:
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_thirty_runs_some_failing_leave_nothing_behind() -> None:
-    for index in range(30):
+@repeats(6, 30)
+def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
+    for index in range(repeat):
         if index % 3 == 0:
             with pytest.raises(raydist.WorkerGroupError, match=f"run {index}"):
                 raydist.run(maybe_fail, num_workers=2, args=(index,))

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import ray
 import torch
-from conftest import REPO, live_placement_groups, live_raydist_actors, start_cluster
+from conftest import REPO, repeats, live_placement_groups, live_raydist_actors, start_cluster
 
 import raydist
 from raydist.backends.horovod.worker import interface_for_ip
@@ -92,10 +92,11 @@ def reinit_and_allreduce(iterations: int) -> List[float]:
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_workers", [2, 3])
-def test_horovod_reinit_200_times_without_a_failed_rendezvous(num_workers: int) -> None:
+@repeats(40, 200)
+def test_horovod_reinit_200_times_without_a_failed_rendezvous(num_workers: int, repeat: int) -> None:
     # With horovod's stock handler a stale local_<host> scope makes some init
     # connect to a peer's previous address; here every init must succeed.
-    iterations = 200
+    iterations = repeat
     results = raydist.run(
         reinit_and_allreduce, args=(iterations,), num_workers=num_workers, backend="horovod", timeout=240
     )

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import ray
 import torch.distributed as dist
-from conftest import REPO
+from conftest import REPO, repeats
 
 import raydist
 
@@ -50,17 +50,18 @@ def new_threads(before: Set[Optional[int]]) -> List[str]:
     return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
-def test_twenty_runs_some_failing_leave_no_files() -> None:
+@repeats(5, 20)
+def test_twenty_runs_some_failing_leave_no_files(repeat: int) -> None:
     before = {name for name in os.listdir(tempfile.gettempdir()) if "raydist" in name}
     threads_before = {t.ident for t in threading.enumerate()}
     ports_before = listening_ports()
     pids: Set[int] = set()
-    for index in range(20):
+    for index in range(repeat):
         try:
             pids.update(raydist.run(pid_or_fail, args=(index,), num_workers=2))
         except raydist.WorkerGroupError as error:
             pids.update(failure.pid for failure in error.failures)
-    assert len(pids) >= 20
+    assert len(pids) >= repeat
     assert raydist_files_of(pids) == []
     # No new per-run directory either (the old raydist-errors/<run id> ones).
     errors_dir = Path(tempfile.gettempdir()) / "raydist-errors"

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 import ray
 import ray.cloudpickle
-from conftest import live_placement_groups, start_cluster
+from conftest import live_placement_groups, repeats, start_cluster
 
 import raydist
 from raydist import cli
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.timeout(600)
 
 HEAD = {"num_cpus": 4, "labels": {"zone": "a"}}
 NODES = [{"num_cpus": 4, "labels": {"zone": "a"}}, {"num_cpus": 4, "labels": {"zone": "b"}}]
-RUNS = 20
 QUICK_FAIL_S = 10.0
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT")
@@ -101,17 +100,18 @@ def node_ids(cluster: Any) -> Dict[str, str]:
     return {"head": head, "a": next(n for n in others if labels[n] == "a"), "b": next(n for n in others if labels[n] == "b")}
 
 
-@pytest.mark.timeout(1200)  # 20 groups of 6 fresh workers, each importing torch
-def test_two_nodes_of_three_through_the_api_every_time(cluster: Any) -> None:
+@pytest.mark.timeout(1200)  # up to 20 groups of 6 fresh workers, each importing torch
+@repeats(4, 20)
+def test_two_nodes_of_three_through_the_api_every_time(cluster: Any, repeat: int) -> None:
     start = time.monotonic()
-    for _ in range(RUNS // 2):
+    for _ in range(repeat // 2):
         check_layout(raydist.run(seen, num_nodes=2, workers_per_node=3, accelerator="cpu"), 2, 3)
-    for _ in range(RUNS - RUNS // 2):
+    for _ in range(repeat - repeat // 2):
         with raydist.WorkerGroup(num_nodes=2, workers_per_node=3, accelerator="cpu") as group:
             ranks = group.run(seen)
             check_layout(ranks, 2, 3)
             assert [w.node_id for w in group.workers] == [r["node_id"] for r in ranks]
-    print(f"{RUNS} API runs of --nnodes 2 -n 3: {time.monotonic() - start:.1f} s", file=sys.stderr)
+    print(f"{repeat} API runs of --nnodes 2 -n 3: {time.monotonic() - start:.1f} s", file=sys.stderr)
     assert live_placement_groups() == []
 
 
@@ -125,11 +125,14 @@ def run_cli(argv: List[str], capfd: pytest.CaptureFixture) -> Dict[str, Any]:
 
 
 @pytest.mark.timeout(1200)
-def test_two_nodes_of_three_through_the_cli_every_time(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+@repeats(4, 20)
+def test_two_nodes_of_three_through_the_cli_every_time(
+    cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture, repeat: int
+) -> None:
     script = tmp_path / "layout.py"
     script.write_text(SCRIPT)
     start = time.monotonic()
-    for run in range(RUNS):
+    for run in range(repeat):
         out_dir = tmp_path / f"run-{run}"
         out_dir.mkdir()
         result = run_cli(["--nnodes", "2", "-n", "3", "--accelerator", "cpu", "--role", "trainer", str(script), str(out_dir)], capfd)
@@ -137,7 +140,7 @@ def test_two_nodes_of_three_through_the_cli_every_time(cluster: Any, tmp_path: P
         ranks = [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(6)]
         check_layout(ranks, 2, 3)
         assert {r["ROLE_NAME"] for r in ranks} == {"trainer"}
-    print(f"{RUNS} CLI runs of --nnodes 2 -n 3: {time.monotonic() - start:.1f} s", file=sys.stderr)
+    print(f"{repeat} CLI runs of --nnodes 2 -n 3: {time.monotonic() - start:.1f} s", file=sys.stderr)
 
 
 def test_more_nodes_than_can_hold_them_fails_at_once_naming_the_nodes(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
