@@ -183,17 +183,20 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def wait_for_line(driver: "subprocess.Popen[str]", text: str) -> None:
+def wait_for_line(driver: "subprocess.Popen[str]", text: str, count: int = 1) -> None:
     assert driver.stdout is not None
     for line in driver.stdout:  # the workers' prints are forwarded to the driver
-        if text in line:
+        count -= text in line
+        if count == 0:
             return
     raise AssertionError(f"the driver ended before printing {text!r} (status {driver.wait()})")
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any) -> None:
-    """`raydist run` started with SIGINT ignored stops on SIGINT all the same, as torchrun does."""
+@pytest.mark.parametrize("ready", [1, 2])
+def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> None:
+    """`raydist run` started with SIGINT ignored stops on SIGINT all the same, as torchrun does,
+    also while a rank has not started the script yet (``ready`` 1: killed, not waited for)."""
     script = tmp_path / "block.py"
     script.write_text(BLOCKING_SCRIPT)
     address = ray.get_runtime_context().gcs_address
@@ -202,8 +205,9 @@ def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=ignore_sigint,
     )
     try:
-        wait_for_line(driver, "worker ready")
-        assert sorted(a.class_name for a in live_raydist_actors()) == ["RayWorker", "RayWorker"]  # no node agent here
+        wait_for_line(driver, "worker ready", ready)
+        if ready == 2:
+            assert sorted(a.class_name for a in live_raydist_actors()) == ["RayWorker", "RayWorker"]  # no node agent here
         start = time.monotonic()
         driver.send_signal(signal.SIGINT)
         output = driver.communicate(timeout=30)[0]

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import ray
 
 from raydist.pool.cluster import ray_private
+from raydist.pool.driver import signals
 
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
@@ -147,7 +148,7 @@ def _start_private_ray(address: Optional[str]) -> None:
     thread would take Ray down with that thread, under the runs of every
     other thread (which then hang for 60 s and die).
     """
-    start = functools.partial(ray_private.start_private_ray, address=address, **PRIVATE_RAY_OPTIONS)
+    start = functools.partial(_start_whole_or_not_at_all, address)
     if threading.current_thread() is threading.main_thread():
         start()
         return
@@ -168,6 +169,25 @@ def _start_private_ray(address: Optional[str]) -> None:
     started.wait()
     if failed:
         raise failed[0]
+
+
+def _start_whole_or_not_at_all(address: Optional[str]) -> None:
+    """Start a private Ray; interrupted (a signal, KeyboardInterrupt), stop all of it first.
+
+    A signal raydist handles is held until Ray is up (``signals.deferred``),
+    then Ray is stopped the ordinary way; a KeyboardInterrupt from Python's
+    own handler (a Python driver) lands inside ``ray.init``, and what it had
+    started is killed."""
+    before = ray_private.own_children()
+    try:
+        with signals.deferred():
+            ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+    except signals.SignalReceived:
+        ray_private.shutdown_ray()
+        raise
+    except BaseException:
+        ray_private.stop_half_started_ray(before)
+        raise
 
 
 def connected_session() -> Optional[str]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import logging
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Set
 
+import psutil
 import ray
 
 logger = logging.getLogger("raydist")
@@ -169,6 +170,37 @@ def start_private_ray(**options: Any) -> None:
         ray.init(**options)
     finally:
         Node.start_monitor, Node.start_api_server, ray_utils.get_dashboard_dependency_error = saved  # type: ignore[method-assign]
+
+
+def own_children() -> Set[int]:
+    """The pids of this process's children now."""
+    return {child.pid for child in psutil.Process().children()}
+
+
+def stop_half_started_ray(before: Set[int]) -> None:
+    """Stop a private Ray whose start was interrupted: ``ray.shutdown`` knows
+    none of it when ``ray.init`` did not return, and the raylet's agents
+    (DashboardAgent, RuntimeEnvAgent) outlive a killed raylet. Kills the
+    children started since ``before`` was taken and all their descendants.
+    No public API stops a half-started node."""
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - what it could not stop is killed below
+        pass
+    tree: List[psutil.Process] = []
+    for child in psutil.Process().children():
+        if child.pid in before:
+            continue
+        try:
+            tree += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            tree.append(child)
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(tree, timeout=5)
 
 
 def shutdown_ray() -> None:

@@ -13,9 +13,10 @@ cuts that wait short (``hurried``), so the clean-up itself is never interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 
 class SignalReceived(KeyboardInterrupt):
@@ -32,8 +33,11 @@ class SignalReceived(KeyboardInterrupt):
 
 
 _received: Dict[str, int] = {}  # "first": the first signal's number, "count": how many
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: the handler may run while the main thread holds it
 _previous: Dict[int, Any] = {}
+
+
+_deferring = [0]  # >0 inside ``deferred()``: record a signal, raise it on leaving
 
 
 def _handle(signum: int, frame: Any) -> None:
@@ -41,7 +45,39 @@ def _handle(signum: int, frame: Any) -> None:
         _received["count"] = _received.get("count", 0) + 1
         first = "first" not in _received
         _received.setdefault("first", signum)
+        if first and _deferring[0]:
+            _received["deferred"] = signum
+            return
     if first:
+        raise SignalReceived(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a handled signal until the block ends, then raise it.
+
+    For ``ray.init`` starting a private Ray: interrupted half-way it leaves
+    a raylet and agents that no ``ray.shutdown`` knows about (the caller
+    stops that Ray before the signal propagates). Only the main thread,
+    where the handlers run, holds a signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with _lock:
+        _deferring[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _deferring[0] -= 1
+    raise_pending()
+
+
+def raise_pending() -> None:
+    """Raise the signal ``deferred()`` held, once outside every such block."""
+    with _lock:
+        signum = None if _deferring[0] else _received.pop("deferred", None)
+    if signum is not None:
         raise SignalReceived(signum)
 
 

@@ -21,7 +21,7 @@ from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import debugger
 from raydist.pool.worker import exit_hooks
 from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
-from raydist.pool.worker.evidence import leave_evidence
+from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 
@@ -166,7 +166,8 @@ class RayWorker:
         started = time.time()
         try:
             fn, args, kwargs = ray.cloudpickle.loads(call)
-            value = fn(*args, **kwargs)
+            with user_code_interruptible():  # a forwarded SIGINT: KeyboardInterrupt here, death elsewhere
+                value = fn(*args, **kwargs)
             self._returned_type = f"{type(value).__module__}.{type(value).__qualname__}"
             return Outcome(value=value)
         except SystemExit as stop:

@@ -15,6 +15,7 @@ in ``raydist.pool.rules.explain`` turn it into words.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -22,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 import platform
 import re
 import signal
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from raydist.pool.records import CollectiveEntry, WorkerEvidence
 from raydist.pool.worker.recorder import ask_worker
@@ -66,8 +68,26 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
     for signum in NOTED_SIGNALS:  # a script's own handler replaces this one, as it should
         signal.signal(signum, _die_noting_signal(evidence.exit_note_path))
     # Ray blocks SIGINT in its workers; a rank gets it as torchrun's child does
-    # (KeyboardInterrupt), when `raydist run` forwards a Ctrl-C.
+    # when `raydist run` forwards a Ctrl-C: KeyboardInterrupt while it runs the
+    # user's code (see ``user_code_interruptible``), else it ends at once: a
+    # KeyboardInterrupt raised in Ray's C++ task loop would never surface.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def user_code_interruptible() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt inside (the user's code), and kills
+    the process outside, as it would a torchrun child that has not started
+    Python yet or has finished (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _die_noting_signal(note_path: str) -> Callable[[int, Any], None]:

@@ -1,0 +1,119 @@
+"""Ctrl-C at any moment, as torchrun: `raydist run --standalone` interrupted
+while its private Ray starts, while the workers start, during the script's
+imports or its run, exits with status 1 within seconds and leaves no process
+behind (Ray's agents included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Set
+
+import psutil
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.timeout(240)
+
+# Seconds after the start: Ray starting, Ray up and the workers starting,
+# the script's imports, its run (a timing picks a phase; the assertions hold at any moment).
+MOMENTS_S = (0.5, 1.5, 2.5, 3.5, 4.5, 6.0, 9.0)
+STOP_BOUND_S = 10.0
+GONE_BOUND_S = 5.0
+
+LOOPING_SCRIPT = """
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("worker ready", flush=True)
+for _ in range(600):
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.1)
+"""
+
+
+def ignore_sigint() -> None:
+    """What a background job of a non-interactive shell (CI) starts with."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def descendants(pid: int) -> Set[int]:
+    try:
+        return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def session_processes(marker: str) -> Set[int]:
+    """Processes whose command line names ``marker`` (the run's private temp dir)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in process.info["cmdline"] or ()):
+            found.add(process.pid)
+    return found
+
+
+def alive(pids: Set[int]) -> List[str]:
+    left = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(process.cmdline())[:160]}")
+        except psutil.Error:
+            pass
+    return left
+
+
+def poll(until: float) -> Iterator[None]:
+    while time.monotonic() < until:
+        yield
+        time.sleep(0.05)  # polling interval, not a synchronisation
+
+
+def interrupt_at(script: Path, temp_dir: Path, moment: float) -> None:
+    env = {**os.environ, "RAY_TMPDIR": str(temp_dir), "PYTHONFAULTHANDLER": "1"}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "2", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        cwd=REPO, env=env, preexec_fn=ignore_sigint, start_new_session=True,
+    )
+    seen: Set[int] = set()
+    try:
+        for _ in poll(time.monotonic() + moment):  # who it starts, until the moment comes
+            seen |= descendants(driver.pid) | session_processes(str(temp_dir))
+            if driver.poll() is not None:
+                break
+        start = time.monotonic()
+        driver.send_signal(signal.SIGINT)
+        while driver.poll() is None and time.monotonic() - start < STOP_BOUND_S:
+            seen |= descendants(driver.pid)
+            time.sleep(0.05)  # polling interval
+        output = driver.communicate(timeout=max(0.1, STOP_BOUND_S - (time.monotonic() - start)))[0]
+        elapsed = time.monotonic() - start
+        assert driver.returncode == 1, f"interrupted at {moment} s: status {driver.returncode}\n{output}"
+        assert elapsed < STOP_BOUND_S, f"interrupted at {moment} s: took {elapsed:.1f} s\n{output}"
+        left: List[str] = []
+        for _ in poll(time.monotonic() + GONE_BOUND_S):
+            left = alive(seen | session_processes(str(temp_dir)))
+            if not left:
+                break
+        assert not left, f"interrupted at {moment} s, still running:\n" + "\n".join(left) + f"\n{output}"
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+
+
+@pytest.mark.parametrize("moment", MOMENTS_S)
+def test_sigint_at_any_moment_stops_the_run_and_everything_it_started(tmp_path: Path, moment: float) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOPING_SCRIPT)
+    temp_dir = Path("/tmp") / f"rdi{os.getpid()}{int(moment * 10)}"  # short: Ray's socket paths are bounded
+    temp_dir.mkdir(exist_ok=True)
+    interrupt_at(script, temp_dir, moment)
