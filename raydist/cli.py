@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from raydist import __version__
-from raydist.config import CLI_RESTART_MODE, RunConfig, cli_options, option_default, parse_int
+from raydist.config import CLI_RESTART_MODE, ELASTIC_SIZE, RunConfig, cli_options, option_default, parse_int
 from raydist.core.accelerators import ACCELERATOR_CHOICES
 from raydist.core.backend import backend_entry
 from raydist.pool.driver import signals
@@ -368,8 +368,11 @@ def _from_cli_only_flags(options: argparse.Namespace) -> Dict[str, Any]:
 
 def _as_flags(message: str) -> str:
     """A RunConfig message with option names spelled as this command's flags."""
+    # The elastic size as typed here ("--nproc-per-node=(min, max)" is no flag form).
+    message = message.replace(ELASTIC_SIZE, "--nnodes MIN:MAX")
     flag_of = {option.name: flag.flag for option, flag in cli_options()}
-    return re.sub(r"\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
+    # (?<!-): a name already spelled as a flag (a hint's "--address") stays as it is.
+    return re.sub(r"(?<!-)\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
 
 
 def _check_script(path: str) -> str:
