@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from raydist import __version__
-from raydist.config import CLI_RESTART_MODE, RunConfig, cli_options, option_default, parse_int
+from raydist.config import CLI_RESTART_MODE, ELASTIC_SIZE, RunConfig, cli_options, option_default, parse_int
 from raydist.core.accelerators import ACCELERATOR_CHOICES
 from raydist.core.backend import backend_entry
 from raydist.pool.driver import signals
@@ -299,6 +299,8 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
     if options.standalone and options.address:
         raise CliError("--standalone starts a private Ray; it cannot be combined with --address", EXIT_USAGE)
     config = build_config(options)
+    if options.standalone:
+        _check_standalone_bundle(config)
     if config.backend is not None:
         try:
             backend_entry(config.backend).check_requires()  # a missing library fails before Ray starts
@@ -313,6 +315,22 @@ def plan_run(options: argparse.Namespace, script_args: Sequence[str]) -> RunPlan
         config=config,
         executable=executable,
     )
+
+
+def _check_standalone_bundle(config: RunConfig) -> None:
+    """With --standalone the cluster is this machine, so "auto" is knowable
+    here: refuse a worker with no resources before the private Ray starts."""
+    resources = config.resources_per_worker
+    if config.accelerator != "auto" or not resources or any(resources.values()):
+        return  # a bundle with something in it, or RunConfig checked it already
+    from raydist.core.accelerators import BY_DEVICE_TYPE
+    from raydist.core.devices import accelerator_type
+    from raydist.pool.rules.sizing import worker_bundle
+
+    try:
+        worker_bundle(BY_DEVICE_TYPE[accelerator_type()], resources)
+    except ValueError as error:
+        raise CliError(_as_flags(str(error)), EXIT_USAGE) from None
 
 
 def build_config(options: argparse.Namespace) -> RunConfig:
@@ -368,8 +386,11 @@ def _from_cli_only_flags(options: argparse.Namespace) -> Dict[str, Any]:
 
 def _as_flags(message: str) -> str:
     """A RunConfig message with option names spelled as this command's flags."""
+    # The elastic size as typed here ("--nproc-per-node=(min, max)" is no flag form).
+    message = message.replace(ELASTIC_SIZE, "--nnodes MIN:MAX")
     flag_of = {option.name: flag.flag for option, flag in cli_options()}
-    return re.sub(r"\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
+    # (?<!-): a name already spelled as a flag (a hint's "--address") stays as it is.
+    return re.sub(r"(?<!-)\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
 
 
 def _check_script(path: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 from raydist.core.accelerators import (
     ACCELERATOR_CHOICES,
     BY_NAME,
+    ROWS,
     DEVICE_RESOURCES,
     VISIBLE_DEVICES_VARS,
     auto_help,
@@ -142,15 +143,24 @@ def check_resources(resources: Any) -> Dict[str, float]:
     return checked
 
 
-def _check_signal(name: Any) -> str:
-    """A signal name such as "SIGTERM" or "SIGUSR1", as the signal module spells it."""
-    if not isinstance(name, str) or not isinstance(getattr(signal, name.upper(), None), signal.Signals):
-        raise ValueError(f"preemption_signal must be a signal name such as 'SIGTERM' or 'SIGUSR1', got {name!r}")
-    return name.upper()
-
-
 # Signals no process can handle.
 _UNHANDLED_SIGNALS = ("SIGKILL", "SIGSTOP")
+# raydist's own: the stack-dump signal (raydist.pool.worker.evidence.STACK_SIGNAL,
+# SIGRTMIN+6; not imported: that module needs Ray).
+_RAYDIST_SIGNALS = frozenset({int(signal.SIGRTMIN) + 6})
+
+
+def _check_signal(name: Any) -> str:
+    """A signal name such as "SIGTERM" or "SIGUSR1", as the signal module spells it,
+    that a rank can catch and raydist does not use itself."""
+    if not isinstance(name, str) or not isinstance(getattr(signal, name.upper(), None), signal.Signals):
+        raise ValueError(f"preemption_signal must be a signal name such as 'SIGTERM' or 'SIGUSR1', got {name!r}")
+    text = name.upper()
+    if text in _UNHANDLED_SIGNALS:
+        raise ValueError(f"preemption_signal {text} cannot be caught by a rank (no warning could reach the script)")
+    if int(getattr(signal, text)) in _RAYDIST_SIGNALS:
+        raise ValueError(f"preemption_signal {text} is raydist's stack-dump signal")
+    return text
 
 
 def check_signals_to_handle(value: Any) -> Tuple[str, ...]:
@@ -186,6 +196,8 @@ def check_env(env: Any) -> Dict[str, str]:
             raise ValueError(f"env key {key!r} is not a valid environment variable name")
         if not isinstance(value, str):
             raise TypeError(f"env[{key!r}] must be a string, not {_type_name(value)} {value!r}")
+        if "\0" in value:  # execve cannot carry it: the workers would fail after Ray started
+            raise ValueError(f"env[{key!r}] contains a NUL character, which no environment variable can hold")
         if key in reserved or key.startswith(reserved_prefixes):
             raise ValueError(
                 f"env[{key!r}]: raydist sets {key} on every rank from where the workers run; "
@@ -215,7 +227,12 @@ def parse_std(name: str, value: Any) -> StdSpec:
                 f"{name} {value!r} is neither a stream code ({_STD_CODES}) nor "
                 "LOCAL_RANK:CODE pairs such as '0:1,1:2'"
             )
-        value = {int(rank): int(code) for rank, code in (pair.split(":") for pair in text.split(","))}
+        pairs = [pair.split(":") for pair in text.split(",")]
+        ranks = [int(rank) for rank, _ in pairs]
+        twice = sorted({rank for rank in ranks if ranks.count(rank) > 1})
+        if twice:  # a dict would keep the last one silently
+            raise ValueError(f"{name} {value!r} gives local rank {twice[0]} more than once")
+        value = {int(rank): int(code) for rank, code in pairs}
     if isinstance(value, Mapping):
         codes: Dict[int, int] = {}
         for rank, code in value.items():
@@ -243,6 +260,9 @@ def parse_local_ranks(name: str, value: Any) -> Optional[Tuple[int, ...]]:
         raise TypeError(f"{name} must be local ranks such as '0,1' or {{0, 1}}, not {_type_name(value)} {value!r}")
     for item in items:
         _check_int(f"{name} entry", item, 0)
+    twice = sorted({item for item in items if items.count(item) > 1})
+    if twice:  # most likely a typo for another rank
+        raise ValueError(f"{name} names local rank {twice[0]} more than once, in {value!r}")
     return tuple(sorted(set(items))) or None
 
 
@@ -788,6 +808,7 @@ def _check_values(config: RunConfig) -> None:
         if not isinstance(config.backend, str) or not config.backend.strip():
             raise TypeError(f"backend must be a backend name such as 'gloo' or 'horovod', not {config.backend!r}")
         _set(config, "backend", config.backend.strip().lower())
+        _check_torch_backend(config.backend, config.accelerator)
     _set(config, "env", check_env({} if config.env is None else config.env))
     _set(config, "placement_strategy", _check_choice("placement_strategy", config.placement_strategy, PLACEMENT_STRATEGIES))
     if config.timeout is not None:
@@ -796,6 +817,49 @@ def _check_values(config: RunConfig) -> None:
     _check_int("max_restarts", config.max_restarts, 0)
     _check_bool("retry_on_exception", config.retry_on_exception)
     _check_bool("init_process_group", config.init_process_group)
+
+
+# torch.distributed backends that device vendors' extensions register on import
+# (not in Backend.backend_list until then): known, so not typos.
+_EXTENSION_BACKENDS = frozenset(
+    {row.default_backend for row in ROWS} | {row.fallback.backend for row in ROWS if row.fallback is not None}
+)
+
+
+# torch.distributed backends every torch build has, and those a build may lack.
+_ALWAYS_BUILT = frozenset({"gloo", "fake"})
+_BUILD_OPTIONS = frozenset({"nccl", "mpi", "ucc", "xccl"})
+
+
+def _check_torch_backend(name: str, accelerator: str) -> None:
+    """A torch.distributed backend name ("gloo", "cpu:gloo,cuda:nccl") that this
+    torch knows and has, and that suits a known accelerator; other registry
+    entries (horovod, plugins) are checked by their own requires."""
+    if backend_entry(name).name != TORCH_BACKEND:
+        return
+    parts = [part.partition(":")[2] if ":" in part else part for part in name.split(",")]
+    for part in parts:
+        if part in _ALWAYS_BUILT or (part in _EXTENSION_BACKENDS and part not in _BUILD_OPTIONS):
+            continue  # known without importing torch (the CLI stays quick for --backend gloo)
+        import torch.distributed as dist
+
+        known = (set(dist.Backend.backend_list) - {"undefined"}) | _EXTENSION_BACKENDS
+        if part not in known:  # backend_list includes those torch plugins registered here
+            raise ValueError(
+                f"unknown backend {name!r}: not in raydist's registry nor torch.distributed's "
+                f"({', '.join(sorted(known))})"
+            )
+        available = getattr(dist, f"is_{part}_available", None)
+        if available is not None and not available():
+            raise ValueError(f"backend {name!r}: this torch ({_torch_version()}) was built without {part}")
+    if "nccl" in parts and accelerator == "cpu":
+        raise ValueError(f"backend {name!r} needs CUDA devices but accelerator='cpu'; use backend='gloo'")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _check_combinations(config: RunConfig) -> None:
@@ -816,7 +880,7 @@ def _check_combinations(config: RunConfig) -> None:
     _set(config, "local_ranks_filter", parse_local_ranks("local_ranks_filter", config.local_ranks_filter))
     _check_bool("restart_to_grow", config.restart_to_grow)
     if config.restart_to_grow and not config.elastic:
-        raise ValueError("restart_to_grow needs an elastic size: num_workers=(min, max) or num_nodes=(min, max)")
+        raise ValueError(f"restart_to_grow needs an elastic size: {ELASTIC_SIZE}")
     if config.preemption_signal is not None:
         _set(config, "preemption_signal", _check_signal(config.preemption_signal))
     _check_placement_options(config)
@@ -831,6 +895,10 @@ def _check_combinations(config: RunConfig) -> None:
     _set(config, "signals_to_handle", check_signals_to_handle(config.signals_to_handle))
     _set(config, "shutdown_timeout", check_seconds("shutdown_timeout", config.shutdown_timeout))
     _check_restart_options(config)
+
+
+# How the API names an elastic size; the CLI (cli._as_flags) says --nnodes MIN:MAX.
+ELASTIC_SIZE = "num_workers=(min, max) or num_nodes=(min, max)"
 
 
 def _check_restart_options(config: RunConfig) -> None:
@@ -919,8 +987,8 @@ def _check_address(config: RunConfig) -> None:
         raise TypeError(f"address must be a Ray address such as 'HOST:6379', not {config.address!r}")
     if config.address.startswith(("http://", "https://")):
         raise ValueError(
-            f"address {config.address!r} is a dashboard / job API address; give the cluster's "
-            "GCS address (HOST:6379), or submit the run as a job: "
+            f"address {config.address!r} is a dashboard / job API URL; give the cluster's "
+            "GCS endpoint (HOST:6379), or submit the run as a job: "
             f"ray job submit --address {config.address} -- raydist run ..."
         )
 

@@ -117,3 +117,38 @@ def test_an_installed_plugin_backend_runs_through_raydist_run_cli(tmp_path: Path
     assert result.returncode == 0, explain(result)
     for rank in range(2):
         assert f"rank {rank}: backend=tagged token=rank-{rank} sum=2" in result.stdout, explain(result)
+
+
+class BrokenBackend(TorchDistributedBackend):
+    """Passes every driver-side check, then fails in each worker's init, as a
+    backend the workers' torch lacks would."""
+
+    def init(self, device_type: str) -> WorldInfo:
+        raise RuntimeError("the broken backend's library is missing on this worker")
+
+
+class BrokenHooks(TaggedHooks):
+    def init_kwargs(self) -> Optional[Dict[str, Any]]:
+        return {"backend": "broken"}
+
+    def start(self, workers: Sequence[Any]) -> List[Dict[str, str]]:
+        return [{} for _ in workers]
+
+
+BROKEN = BackendEntry(name="broken", worker=f"{__name__}:BrokenBackend", driver_hooks=f"{__name__}:BrokenHooks")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_backend_failing_in_the_workers_gives_one_plain_report() -> None:
+    import raydist
+    from raydist.errors import WorkerGroupError
+
+    register_backend(BROKEN)
+    with pytest.raises(WorkerGroupError) as raised:
+        raydist.run(what_the_rank_sees, num_workers=2, backend="broken")
+    text = str(raised.value)
+    # Both ranks in one report (their texts are the same once Ray's per-actor header is gone).
+    assert "--- ranks 0-1 " in text, text
+    assert text.count("RuntimeError: the broken backend's library is missing on this worker") == 1, text
+    assert "\x1b[" not in text and "actor_id=" not in text and "ray::" not in text, text
+    assert not [line for line in text.splitlines() if line.strip() and set(line.strip()) <= set("^~| ")], text

@@ -72,3 +72,21 @@ def test_format_groups_identical_stacks_and_marks_the_odd_rank() -> None:
     assert "ranks 0-6, 8-63: in barrier at distributed_c10d.py:4810, from step at train.py:88" in text
     assert "rank 7: in load_batch at train.py:12  <-- differs" in text
     assert text.count("<-- differs") == 1
+
+
+def test_a_start_up_step_error_loses_rays_decoration_and_keeps_the_message() -> None:
+    from raydist.pool.rules.outcomes import step_error_text
+
+    ray_text = (
+        "\x1b[36mray::RayWorker.setup()\x1b[39m (pid=29733, ip=192.0.2.2, actor_id=cd1665e6c8e654d1b580e8c601000000, repr=rank=1)\n"
+        "           ^^^^^^^^^^^^\n"
+        '  File "/x/actor.py", line 148, in setup\n'
+        "    context = init_distributed(device=spec.device_type)\n"
+        "              ^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "RuntimeError: the library is missing on this worker"
+    )
+    assert step_error_text(ray_text) == (
+        '  File "/x/actor.py", line 148, in setup\n'
+        "    context = init_distributed(device=spec.device_type)\n"
+        "RuntimeError: the library is missing on this worker"
+    )

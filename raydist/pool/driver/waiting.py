@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError, RaySystemError
 from raydist.errors import WorkerFailure
 from raydist.pool.records import WorkerInfo
 from raydist.pool.records import Outcome
-from raydist.pool.rules.outcomes import death_line, rank_failure
+from raydist.pool.rules.outcomes import death_line, rank_failure, step_error_text
 
 # After the first failure, how long to let other ranks report theirs (so that
 # the same error on every rank is reported once, with all the ranks).
@@ -102,7 +102,7 @@ def _take(
             waited.failures.append(rank_failure(rank, worker, died=_death_text(error)))
             continue
         except Exception as error:  # noqa: BLE001 - a start-up step raised, or a result could not travel
-            text = _unsendable_result(rank, error, actors[rank]) if actors is not None else str(error)
+            text = _unsendable_result(rank, error, actors[rank]) if actors is not None else step_error_text(str(error))
             waited.failures.append(rank_failure(rank, worker, traceback=text))
             if actors is not None:
                 waited.unsent.append(rank)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Optional
 
@@ -42,3 +43,19 @@ def death_line(text: str) -> str:
         if "exit" in line.lower() or "signal" in line.lower() or "killed" in line.lower():
             return line
     return text.strip().splitlines()[0] if text.strip() else "the worker process died"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Ray's first line of a task's error: "ray::RayWorker.setup() (pid=..., ip=..., actor_id=..., repr=...)".
+_RAY_TASK_HEADER = re.compile(r"^\s*ray::\S+.*\(pid=\d+.*\)\s*$")
+_MARKERS_ONLY = re.compile(r"^[\s^~|]+$")
+
+
+def step_error_text(text: str) -> str:
+    """A start-up step's error as raydist reports it: Ray's text of the
+    worker's exception without its colour codes, its task header (actor ids,
+    which differ per rank and would keep identical failures apart) and the
+    lines of only ``^``/``~`` markers; the traceback and the library's message stay."""
+    lines = _ANSI.sub("", text).splitlines()
+    kept = [line for line in lines if not _RAY_TASK_HEADER.match(line) and not _MARKERS_ONLY.match(line)]
+    return "\n".join(kept).strip("\n")
