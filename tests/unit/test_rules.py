@@ -117,6 +117,12 @@ def test_what_raydist_did_itself_explains_the_failures_first() -> None:
     assert classify_end(failed, [], closed=True) is CallEnd.SHUT_DOWN
 
 
+def test_a_call_every_rank_finished_keeps_its_values_through_a_later_cancel() -> None:
+    assert classify_end([], [], cancelled=True) is CallEnd.FINISHED
+    assert classify_end([], [], closed=True) is CallEnd.FINISHED
+    assert classify_end([], [1], cancelled=True) is CallEnd.CANCELLED
+
+
 def group_error(end: CallEnd, *failures: WorkerFailure, preempted: Tuple[str, ...] = ()) -> WorkerGroupError:
     error = WorkerGroupError(failures, preempted_nodes=preempted)
     error.end = end
