@@ -9,13 +9,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from raydist.config import RunConfig
+from raydist.config import RunConfig, reserved_env_vars
+from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.core.accelerators import BY_NAME, CPU
 from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, ClusterNode, Outcome, WorkerInfo
 from raydist.pool.rules.explain import NODE_LOST_TEXT
-from raydist.pool.rules.layout import worker_env
+from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
 from raydist.pool.rules.policy import classify_end, decide_restart
@@ -222,6 +223,18 @@ def test_a_ranks_environment_is_torchruns_plus_devices_then_the_users() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["RAYDIST_DEVICE_INDEX"] == "1"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
     assert env["OMP_NUM_THREADS"] == "4" and env["MY_FLAG"] == "1" and env["EXTRA"] == "x"
+
+
+def test_every_variable_the_launcher_sets_is_reserved_from_env() -> None:
+    info = dataclasses.replace(worker(1), device_ids=("3",), visible_device_ids=("2", "3"), device_index=1)
+    env = worker_env(info, master_addr="h", master_port=1, run_id="r", restart_count=0, config=RunConfig(num_workers=2),
+                     accelerator=GPU, cpus=1.0, extra={}, error_file="/tmp/error.json")
+    names, prefixes = reserved_env_vars()
+    kept = {*USER_DEFAULT_VARS, RECORDER_BUFFER_VAR}  # defaults that keep a value the user set
+    assert [name for name in env if name not in kept and name not in names and not name.startswith(prefixes)] == []
+    for name in sorted(set(env) - kept):
+        with pytest.raises(ValueError):
+            RunConfig(num_workers=2, env={name: "x"})
 
 
 def test_the_watcher_warns_each_draining_node_once_and_stops_to_grow() -> None:
