@@ -69,6 +69,7 @@ def restart_group(
     with group._lock:  # no call is sent while the world changes
         if group._watcher is not None:
             group._watcher.stop()
+        group._diagnostics.pause()  # it must not read a half-changed world
         try:
             done = restart_in_place(group._builder, members, future.refs, waited, future.number, config, group.drained_nodes)
         except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
@@ -76,6 +77,7 @@ def restart_group(
             return False
         group.restarts_used += int(decision.restart.counted)
         group._watcher = watch(group)
+        group._diagnostics.start()  # the new world's ranks and pids, nothing of the old
     logger.warning(restart_line(decision.restart, old_size, group.restart_count, config.max_restarts, group.restarts_used))
     logger.warning(done)
     return True
