@@ -134,6 +134,16 @@ class WorkerSpec:
     backend_entry: Any = None  # config.backend's registry entry, registered in the worker before init
 
 
+class GroupPhase(enum.Enum):
+    """Where a worker group is in its life; changed under the group's short lock."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"  # a warm restart changes the world: calls wait for the new one
+    SHUTTING_DOWN = "shutting down"
+    CLOSED = "closed"
+
+
 class CallEnd(enum.Enum):
     """How a call (or a start-up step) on a worker group ended."""
 
