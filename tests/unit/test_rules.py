@@ -12,7 +12,7 @@ import pytest
 from raydist.config import RunConfig, reserved_env_vars
 from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.core.accelerators import BY_NAME, CPU
-from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout
+from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, ClusterNode, Outcome, WorkerInfo
 from raydist.pool.rules.explain import NODE_LOST_TEXT
@@ -169,6 +169,35 @@ def test_timeouts_and_unclassified_errors_end_the_run() -> None:
     timeout.end = CallEnd.TIMED_OUT
     assert decide(timeout, retry=True, left=5).restart is None
     assert decide(ValueError("bad option"), retry=True, left=5).restart is None
+
+
+# Every way a call ends, and whether the run restarts: (without, with) retry_on_exception.
+RESTARTS_BY_END = {
+    CallEnd.FINISHED: (False, False),
+    CallEnd.RANK_FAILED: (False, True),  # code that raised; a dead process restarts either way (above)
+    CallEnd.NODE_LOST: (True, True),
+    CallEnd.DRAINED: (True, True),
+    CallEnd.GROW: (True, True),
+    CallEnd.TIMED_OUT: (False, False),  # as the README says: a timeout= is never restarted
+    CallEnd.CANCELLED: (False, False),
+    CallEnd.SHUT_DOWN: (False, False),
+}
+
+
+@pytest.mark.parametrize("end", list(CallEnd))
+def test_the_restart_decision_for_every_call_ending(end: CallEnd) -> None:
+    died = "the node died" if end is CallEnd.NODE_LOST else "killed"
+    fails = failure(0, died=died) if end in (CallEnd.NODE_LOST, CallEnd.DRAINED) else failure(0, traceback="ValueError: x")
+    error: BaseException = group_error(end, fails, preempted=("a" * 16,) if end is CallEnd.DRAINED else ())
+    if end is CallEnd.TIMED_OUT:
+        error = WorkerGroupTimeout(5.0, [1])
+        error.end = end
+    for retry, expected in zip((False, True), RESTARTS_BY_END[end]):
+        assert (decide(error, retry=retry, left=5).restart is not None) is expected, (end, retry)
+
+
+def test_a_startup_timeout_is_never_restarted() -> None:
+    assert decide(WorkerStartupTimeout(60.0, "started", 2, ["rank 1"]), retry=True, left=5).restart is None
 
 
 # -- failure reports ------------------------------------------------------------------
