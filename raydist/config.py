@@ -30,6 +30,7 @@ from raydist.core.accelerators import (
     kinds_help,
 )
 from raydist.core.backend import TORCH_BACKEND, backend_entry, reserved_env
+from raydist.core.environment import DEVICE_INDEX_VAR, TORCHRUN_ENV_VARS
 
 PLACEMENT_STRATEGIES: Tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # "warm": a restart keeps the surviving workers' processes; "fresh": every attempt in new processes.
@@ -43,13 +44,8 @@ DEFAULT_OBJECT_STORE_THRESHOLD = 4 << 20
 # The launcher variables raydist sets per rank: an override would give ranks
 # a world that disagrees with the real one (a hang, or a port clash). Each
 # backend's launcher side adds its own (the registry's reserved_env).
-LAUNCHER_ENV_VARS = frozenset(
-    {
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-        "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-        *VISIBLE_DEVICES_VARS,
-    }
-)
+# What the launcher sets on every rank (torchrun's own variables, read off ``torchrun_env``), and the visible devices.
+LAUNCHER_ENV_VARS = frozenset({*TORCHRUN_ENV_VARS, DEVICE_INDEX_VAR, *VISIBLE_DEVICES_VARS})
 LAUNCHER_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "RAYDIST_")
 
 # Ray's built-in resources, spelled as Ray spells them ("gpu" is a typo, not a custom resource).

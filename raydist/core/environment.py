@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, FrozenSet, Mapping, Optional, Sequence
 
 # raydist sets this on each worker that holds a device: the position of its
 # first device in the node's visible-devices list (the worker pool's layout rule).
@@ -28,6 +28,10 @@ LOCAL_WORLD_SIZE_VARS = (
     "OMPI_COMM_WORLD_LOCAL_SIZE",
 )
 NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+
+# torchrun's defaults that keep a value the user set; every other variable
+# ``torchrun_env`` sets is the launcher's own (``TORCHRUN_ENV_VARS``).
+USER_DEFAULT_VARS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,12 @@ def torchrun_env(
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_RUN_ID": run_id or uuid.uuid4().hex,
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", str(omp_num_threads or 1)),
+        USER_DEFAULT_VARS[0]: base.get(USER_DEFAULT_VARS[0], "1"),
+        USER_DEFAULT_VARS[1]: base.get(USER_DEFAULT_VARS[1], str(omp_num_threads or 1)),
     }
+
+
+# Read off the function itself, so the names ``env=`` may not set cannot drift from what it sets.
+TORCHRUN_ENV_VARS: FrozenSet[str] = frozenset(
+    torchrun_env(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr="", master_port=0, base_env={})
+) - frozenset(USER_DEFAULT_VARS)

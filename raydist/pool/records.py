@@ -5,6 +5,7 @@ the worker all import this module, and it imports none of them."""
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
@@ -120,3 +121,13 @@ class WorkerSpec:
     device_type: str  # torch's device type of the group's accelerator kind
     init_kwargs: Optional[Mapping[str, Any]]  # the backend's init_distributed arguments; None: the code initialises itself
     backend_entry: Any = None  # config.backend's registry entry, registered in the worker before init
+
+
+class GroupPhase(enum.Enum):
+    """Where a worker group is in its life; changed under the group's short lock."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"  # a warm restart changes the world: calls wait for the new one
+    SHUTTING_DOWN = "shutting down"
+    CLOSED = "closed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -102,6 +103,28 @@ def test_worker_group_reuses_one_process_group_across_calls() -> None:
         assert future.result(timeout=60) == [5, 105]
         assert future.done()
         assert not future.cancel()  # already finished: nothing to cancel
+    assert live_placement_groups() == []
+
+
+def wait_done(future: "raydist.WorkerFuture", timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not future.done():
+        assert time.monotonic() < deadline, "the call did not finish"
+        time.sleep(0.05)  # polling, with a deadline
+
+
+def test_a_finished_calls_values_survive_the_cancel_of_a_later_call() -> None:
+    group = raydist.WorkerGroup(2)
+    try:
+        first = group.submit(add, args=(1,))
+        wait_done(first)
+        later = group.submit(time.sleep, (60,))
+        assert later.cancel()
+        assert first.result(timeout=30) == [1, 101]
+        with pytest.raises(raydist.WorkerCallCancelled):
+            later.result(timeout=30)
+    finally:
+        group.shutdown()
     assert live_placement_groups() == []
 
 

@@ -97,3 +97,23 @@ def test_rays_paragraph_about_a_reported_death_is_not_printed() -> None:
     )
     assert "REPORTED exited with status 3" in result.stdout, result.stdout + result.stderr
     assert "A worker died or was killed" not in result.stdout + result.stderr
+
+
+def test_files_a_killed_worker_could_not_remove_go_at_the_next_start_on_its_machine() -> None:
+    scratch = Path(tempfile.gettempdir(), "raydist-workers")
+    scratch.mkdir(exist_ok=True)
+    gone = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    gone.wait()  # a worker SIGKILLed with its driver: nothing removed its files
+    left = [scratch / f"exit-{gone.pid}", scratch / f"stacks-{gone.pid}", scratch / f"diag-{gone.pid}.sock"]
+    mine = scratch / f"stacks-{os.getpid()}"  # a live process's file, newer than the process: kept
+    for path in [*left, mine]:
+        path.write_text("")
+    an_hour_ago = time.time() - 3600
+    for path in left:
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    try:
+        assert raydist.run(os.getpid, num_workers=1)
+        assert [path for path in left if path.exists()] == []
+        assert mine.exists()
+    finally:
+        mine.unlink(missing_ok=True)

@@ -4,15 +4,20 @@ change to the code it runs; an even run names no one."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 
 import pytest
+import ray.cloudpickle
 import torch
 import torch.distributed as dist
 
 import raydist
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+# The workers need not import this module (tests/live may not be on their path): ship its functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def steps(count: int, slow_rank: int, delay: float) -> None:
@@ -52,3 +57,29 @@ def test_200_even_steps_name_no_one(caplog: pytest.LogCaptureFixture) -> None:
         group.run(steps, args=(200, -1, 0.0))
         assert group.stragglers(refresh=True) == []
     assert not [r for r in caplog.records if "reaches collectives" in r.getMessage()]
+
+
+def crash_then_steps(crash_rank: int, count: int, slow_rank: int, delay: float) -> int:
+    """Attempt 0: ``crash_rank`` dies while the others all-reduce; later attempts: ``steps``."""
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        dist.barrier()
+        if dist.get_rank() == crash_rank:
+            os._exit(7)
+        while True:
+            dist.all_reduce(torch.ones(1))
+    steps(count, slow_rank, delay)
+    return os.getpid()
+
+
+def test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worlds() -> None:
+    with raydist.WorkerGroup(4, max_restarts=1, spare_workers=1, resources_per_worker={"CPU": 0.5}) as group:
+        old_pids = [w.pid for w in group.workers]
+        with pytest.raises(raydist.WorkerGroupError, match="rank 2"):
+            group.run(crash_then_steps, args=(2, 0, -1, 0.0))
+        assert group.restart_count == 1
+        pids = group.run(crash_then_steps, args=(2, 60, 1, 0.05))
+        assert pids == [w.pid for w in group.workers]
+        found = group.stragglers(refresh=True)
+        watched = group._diagnostics.watch._workers  # type: ignore[union-attr]
+    assert [s.rank for s in found] == [1], found
+    assert [w.pid for w in watched] == pids and old_pids[2] not in pids

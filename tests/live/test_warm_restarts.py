@@ -23,6 +23,7 @@ import torch.distributed as dist
 from conftest import REPO, live_placement_groups, live_raydist_actors, ray_address, start_cluster
 
 import raydist
+from raydist.pool.records import GroupPhase
 
 pytestmark = pytest.mark.timeout(300)
 # The workers need not import this module (tests/live may not be on their path): ship its functions by value.
@@ -115,6 +116,43 @@ def test_a_survivor_stuck_past_the_bound_is_replaced_and_named(caplog: pytest.Lo
     assert "1 rank(s) kept their process, 2 replaced (0 from a spare, 2 fresh)" in line
     assert "rank 2 killed and replaced: rank 2 (node" in line and f"pid {before[2]}" in line
     assert "had not returned 2 s after the failure" in line
+    assert_nothing_left()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_shutdown_from_another_thread_never_waits_on_a_restart() -> None:
+    group = raydist.WorkerGroup(3, max_restarts=1, survivor_timeout=30.0)
+    ended: List[BaseException] = []
+
+    def call() -> None:
+        try:
+            group.run(stuck_survivor)
+        except BaseException as error:  # noqa: BLE001 - the test reads it
+            ended.append(error)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+    started = time.monotonic()
+    group.shutdown()
+    took = time.monotonic() - started
+    caller.join(60)
+    assert not caller.is_alive()
+    assert took < 6, took
+    assert ended and isinstance(ended[0], raydist.WorkerGroupError), ended
+    assert_nothing_left()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_call_submitted_during_a_restart_runs_in_the_new_world() -> None:
+    with raydist.WorkerGroup(3, max_restarts=1, survivor_timeout=2.0) as group:
+        failed = group.submit(stuck_survivor)
+        restarting = threading.Thread(target=lambda: pytest.raises(raydist.WorkerGroupError, failed.result))
+        restarting.start()
+        wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+        pids = group.run(stuck_survivor)  # sent once the new world is up
+        restarting.join(60)
+        assert pids == [w.pid for w in group.workers] and group.restart_count == 1
     assert_nothing_left()
 
 

@@ -9,13 +9,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from raydist.config import RunConfig
+from raydist.config import RunConfig, reserved_env_vars
+from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.core.accelerators import BY_NAME, CPU
-from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout
+from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, ClusterNode, Outcome, WorkerInfo
 from raydist.pool.rules.explain import NODE_LOST_TEXT
-from raydist.pool.rules.layout import worker_env
+from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
 from raydist.pool.rules.policy import classify_end, decide_restart
@@ -117,6 +118,12 @@ def test_what_raydist_did_itself_explains_the_failures_first() -> None:
     assert classify_end(failed, [], closed=True) is CallEnd.SHUT_DOWN
 
 
+def test_a_call_every_rank_finished_keeps_its_values_through_a_later_cancel() -> None:
+    assert classify_end([], [], cancelled=True) is CallEnd.FINISHED
+    assert classify_end([], [], closed=True) is CallEnd.FINISHED
+    assert classify_end([], [1], cancelled=True) is CallEnd.CANCELLED
+
+
 def group_error(end: CallEnd, *failures: WorkerFailure, preempted: Tuple[str, ...] = ()) -> WorkerGroupError:
     error = WorkerGroupError(failures, preempted_nodes=preempted)
     error.end = end
@@ -162,6 +169,35 @@ def test_timeouts_and_unclassified_errors_end_the_run() -> None:
     timeout.end = CallEnd.TIMED_OUT
     assert decide(timeout, retry=True, left=5).restart is None
     assert decide(ValueError("bad option"), retry=True, left=5).restart is None
+
+
+# Every way a call ends, and whether the run restarts: (without, with) retry_on_exception.
+RESTARTS_BY_END = {
+    CallEnd.FINISHED: (False, False),
+    CallEnd.RANK_FAILED: (False, True),  # code that raised; a dead process restarts either way (above)
+    CallEnd.NODE_LOST: (True, True),
+    CallEnd.DRAINED: (True, True),
+    CallEnd.GROW: (True, True),
+    CallEnd.TIMED_OUT: (False, False),  # as the README says: a timeout= is never restarted
+    CallEnd.CANCELLED: (False, False),
+    CallEnd.SHUT_DOWN: (False, False),
+}
+
+
+@pytest.mark.parametrize("end", list(CallEnd))
+def test_the_restart_decision_for_every_call_ending(end: CallEnd) -> None:
+    died = "the node died" if end is CallEnd.NODE_LOST else "killed"
+    fails = failure(0, died=died) if end in (CallEnd.NODE_LOST, CallEnd.DRAINED) else failure(0, traceback="ValueError: x")
+    error: BaseException = group_error(end, fails, preempted=("a" * 16,) if end is CallEnd.DRAINED else ())
+    if end is CallEnd.TIMED_OUT:
+        error = WorkerGroupTimeout(5.0, [1])
+        error.end = end
+    for retry, expected in zip((False, True), RESTARTS_BY_END[end]):
+        assert (decide(error, retry=retry, left=5).restart is not None) is expected, (end, retry)
+
+
+def test_a_startup_timeout_is_never_restarted() -> None:
+    assert decide(WorkerStartupTimeout(60.0, "started", 2, ["rank 1"]), retry=True, left=5).restart is None
 
 
 # -- failure reports ------------------------------------------------------------------
@@ -216,6 +252,18 @@ def test_a_ranks_environment_is_torchruns_plus_devices_then_the_users() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["RAYDIST_DEVICE_INDEX"] == "1"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
     assert env["OMP_NUM_THREADS"] == "4" and env["MY_FLAG"] == "1" and env["EXTRA"] == "x"
+
+
+def test_every_variable_the_launcher_sets_is_reserved_from_env() -> None:
+    info = dataclasses.replace(worker(1), device_ids=("3",), visible_device_ids=("2", "3"), device_index=1)
+    env = worker_env(info, master_addr="h", master_port=1, run_id="r", restart_count=0, config=RunConfig(num_workers=2),
+                     accelerator=GPU, cpus=1.0, extra={}, error_file="/tmp/error.json")
+    names, prefixes = reserved_env_vars()
+    kept = {*USER_DEFAULT_VARS, RECORDER_BUFFER_VAR}  # defaults that keep a value the user set
+    assert [name for name in env if name not in kept and name not in names and not name.startswith(prefixes)] == []
+    for name in sorted(set(env) - kept):
+        with pytest.raises(ValueError):
+            RunConfig(num_workers=2, env={name: "x"})
 
 
 def test_the_watcher_warns_each_draining_node_once_and_stops_to_grow() -> None:

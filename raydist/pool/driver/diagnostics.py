@@ -32,14 +32,22 @@ class GroupDiagnostics:
         return self.relay.env()
 
     def start(self) -> None:
-        """Once the group is up: watch for stragglers (with the flight recorder on)."""
+        """Once the group is up, and again after each warm restart: watch the
+        current world for stragglers (with the flight recorder on)."""
+        self.pause()  # the old world's ranks, pids and recorder history go with it
         members = self._members()
         if self._config.flight_recorder and members is not None:
             self.watch = StragglerWatch(members.workers, members.agents).start()
 
+    def pause(self) -> None:
+        """Stop watching (the world is about to change); ``start`` watches the next one."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.stop()
+
     def stop(self) -> None:
         if self.watch is not None:
-            self.watch.stop()
+            self.watch.stop()  # kept: its last verdict still answers stragglers()
         self.relay.stop()
 
     def stacks(self, ranks: Sequence[int]) -> str:

@@ -32,7 +32,7 @@ from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, Placement, WorkerInfo
+from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
 from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import classify_end
@@ -72,7 +72,9 @@ class WorkerGroup:
         self.config: RunConfig = make_config(config, options)
         hooks = group_hooks(self.config)  # a missing backend library fails here, before Ray
         self._hooks = hooks
-        self._lock = threading.RLock()  # orders submissions; guards the closed flag
+        self._lock = threading.RLock()  # orders submissions; guards the phase, held only briefly
+        self._changed = threading.Condition(self._lock)  # the phase changed
+        self._phase = GroupPhase.STARTING
         self._calls = 0
         self._closed = self._cancelled = False
         self._members: Optional[Members] = None
@@ -92,6 +94,9 @@ class WorkerGroup:
             raise
         self._watcher = _watch(self)
         self._diagnostics.start()
+        with self._lock:
+            if self._phase is GroupPhase.STARTING:
+                self._phase = GroupPhase.RUNNING
 
     # -- what the group is -------------------------------------------------
 
@@ -147,6 +152,8 @@ class WorkerGroup:
     def submit_prepared(self, call: bytes) -> WorkerFuture:
         """Start a call made by ``prepare_call`` on every rank."""
         with self._lock:
+            # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
+            self._changed.wait_for(lambda: self._phase is not GroupPhase.RESTARTING)
             self._check_usable()
             sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
             # One lock around the sends: every rank queues calls in the same order.
@@ -205,8 +212,10 @@ class WorkerGroup:
         from any thread; a call after an interrupted one finishes its work.
         Never starts a Ray (after ``ray.shutdown()`` the workers are gone with it).
         """
-        with self._lock:
+        with self._lock:  # never waits on a restart: it holds the lock only between its steps
             first, self._closed = not self._closed, True
+            self._phase = GroupPhase.SHUTTING_DOWN
+            self._changed.notify_all()
         if self._watcher is not None:
             self._watcher.stop()  # kept: what it saw explains the failure
         if getattr(self, "_diagnostics", None) is not None:
@@ -218,6 +227,8 @@ class WorkerGroup:
         if members is not None and members.output is not None:
             members.output.close()
             members.output = None
+        with self._lock:
+            self._phase = GroupPhase.CLOSED
 
     def __enter__(self) -> "WorkerGroup":
         return self
@@ -269,8 +280,8 @@ def _restart_in_place(group: WorkerGroup, error: RaydistError, future: WorkerFut
     """Warm restarts: keep the survivors and replace the rest when the
     restart policy says so (see ``restart_group``); False: tear down instead."""
     members = group._members
-    if not group.config.warm_restarts or members is None or members.request.node_layout or future.number != group._calls - 1:
-        return False  # (an older call's failure: a newer one is queued behind it; a node layout restarts whole)
+    if not group.config.warm_restarts or members is None or members.request.node_layout:
+        return False  # (a node layout restarts whole)
     return restart_group(group, error, future, waited, _watch)
 
 

@@ -29,7 +29,7 @@ from raydist.pool.cluster.placement import alive_nodes
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members
 from raydist.pool.driver.waiting import Waited
-from raydist.pool.records import CallEnd
+from raydist.pool.records import CallEnd, GroupPhase
 from raydist.pool.rules.policy import decide_restart, restart_line
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
 
@@ -65,25 +65,54 @@ def restart_group(
     decision = decide_restart(error, retry_on_exception=config.retry_on_exception, restarts_left=left, driver_node=driver_node)
     if decision.restart is None or members is None or group.closed or error.end is CallEnd.GROW:
         return False  # growing needs a larger placement group: a fresh start
+    if not _begin(group, future):
+        return False
     old_size = len(members.workers)
-    with group._lock:  # no call is sent while the world changes
-        if group._watcher is not None:
-            group._watcher.stop()
-        try:
-            done = restart_in_place(group._builder, members, future.refs, waited, future.number, config, group.drained_nodes)
-        except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
-            logger.error("raydist: warm restart failed (%s: %s); stopping the group", type(failure).__name__, failure)
+    if group._watcher is not None:
+        group._watcher.stop()
+    group._diagnostics.pause()  # it must not read a half-changed world
+
+    def live() -> None:  # between the restart's steps: a shutdown that began wins
+        if group._phase is not GroupPhase.RESTARTING:
+            raise RestartAborted("the group was shut down during its warm restart")
+
+    try:  # the slow waits run without the group's lock: shutdown() and cancel() never wait on them
+        done = restart_in_place(group._builder, members, future.refs, waited, future.number, config, group.drained_nodes, live)
+    except RestartAborted:
+        return False  # the caller's teardown releases what the restart made
+    except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
+        logger.error("raydist: warm restart failed (%s: %s); stopping the group", type(failure).__name__, failure)
+        return False
+    with group._lock:
+        if group._phase is not GroupPhase.RESTARTING:
             return False
         group.restarts_used += int(decision.restart.counted)
         group._watcher = watch(group)
+        group._diagnostics.start()  # the new world's ranks and pids, nothing of the old
+        group._phase = GroupPhase.RUNNING
+        group._changed.notify_all()
     logger.warning(restart_line(decision.restart, old_size, group.restart_count, config.max_restarts, group.restarts_used))
     logger.warning(done)
     return True
 
 
+class RestartAborted(RuntimeError):
+    """A shutdown began while the warm restart ran."""
+
+
+def _begin(group: "WorkerGroup", future: "WorkerFuture") -> bool:
+    """Enter the restarting phase, if the group runs and ``future`` is its newest call
+    (an older call's failure: a newer one is queued behind it on the old actors)."""
+    with group._lock:  # the check and the phase change at once: no call slips in between
+        if group._phase is not GroupPhase.RUNNING or future.number != group._calls - 1:
+            return False
+        group._phase = GroupPhase.RESTARTING
+        return True
+
+
 def restart_in_place(
     builder: GroupBuilder, members: Members, refs: Sequence[ray.ObjectRef], waited: Waited, call: int,
-    config: RunConfig, drained: Collection[str],
+    config: RunConfig, drained: Collection[str], live: Callable[[], None] = lambda: None,
 ) -> str:
     """Turn ``members`` (whose call ``call`` failed as ``waited`` says) into
     the next attempt's world, in place; the line that says what it did."""
@@ -91,9 +120,10 @@ def restart_in_place(
     old = list(members.workers)
     lost = {w.node_id for w in old} - {node.node_id for node in alive_nodes()}
     leaving = lost | set(drained)
-    settled = settle_survivors(members.actors, refs, waited, old, lost, failed_at + config.survivor_timeout)
+    settled = settle_survivors(members.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
     _close_output(members, waited, call)
-    plan = _plan(members, settled, leaving, config)
+    plan = _plan(members, settled, leaving, config, live)
+    live()
     doomed_ranks = sorted(settled.dead | set(plan.killed))
     for actor in [members.actors[r] for r in doomed_ranks] + members.spares.drop_on(leaving):
         ray.kill(actor, no_restart=True)
@@ -103,6 +133,7 @@ def restart_in_place(
         ray.kill(agent, no_restart=True)
     builder.restart(plan.node_order)
     _join(builder, members, plan)
+    live()  # (new actors are in members: the teardown after an abort kills them)
     members.agents.start([w.node_id for w in members.workers])  # a replacement on a node new to the group
     seconds = time.time() - failed_at
     taken = {w.actor_index for w in members.workers} | members.spares.bundles()
@@ -112,7 +143,7 @@ def restart_in_place(
 
 def settle_survivors(
     actors: Sequence[Any], refs: Sequence[ray.ObjectRef], waited: Waited, workers: Sequence[Any],
-    lost: Collection[str], deadline: float,
+    lost: Collection[str], deadline: float, live: Callable[[], None] = lambda: None,
 ) -> Settled:
     """Make every live rank leave its process group: at once where its call is
     back, else when it comes back, until ``deadline`` (``time.time()``)."""
@@ -120,10 +151,11 @@ def settle_survivors(
     pending = {refs[rank]: rank for rank in waited.pending if rank not in dead}
     resets = {actors[r].teardown.remote(): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
     while pending or resets:
+        live()
         remaining = deadline - time.time()
         if remaining <= 0:
             break
-        ready, _ = ray.wait([*pending, *resets], num_returns=1, timeout=remaining)
+        ready, _ = ray.wait([*pending, *resets], num_returns=1, timeout=min(remaining, SEAT_POLL_S))
         for ref in ready:
             rank = pending.pop(ref, None)
             if rank is not None:
@@ -156,7 +188,7 @@ def _close_output(members: Members, waited: Waited, call: int) -> None:
         output.close()
 
 
-def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConfig) -> RestartPlan:
+def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]) -> RestartPlan:
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
     InfeasibleResourcesError after ``startup_timeout``."""
@@ -166,6 +198,7 @@ def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConf
     gone = settled.dead | set(settled.stuck)
     deadline = time.monotonic() + config.startup_timeout
     while True:
+        live()
         taken = {w.actor_index for w in members.workers if w.rank not in gone and w.node_id not in leaving}
         taken |= members.spares.bundles()
         plan = plan_restart(

@@ -28,11 +28,12 @@ def classify_end(
     """How a call ended, from its failed and unfinished ranks and what the
     driver did meanwhile (cancel, shut down, stop to grow). What raydist did
     itself explains the ranks' failures before anything the ranks reported."""
-    if cancelled:
+    finished = not failures and not pending  # every rank's value came back: a later cancel cannot take it
+    if cancelled and not finished:
         return CallEnd.CANCELLED
     if grow_by > 0:
         return CallEnd.GROW
-    if closed:
+    if closed and not finished:
         return CallEnd.SHUT_DOWN
     if failures:
         if any(failure.node_id in drained_nodes for failure in failures):

@@ -40,12 +40,17 @@ STACK_SIGNAL = signal.SIGRTMIN + 6
 NOTED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 TAIL_LINES = 20
+# The files a worker leaves under its pid (see WorkerEvidence.for_process).
+_OWN_FILE = re.compile(r"^(?:exit|stacks|preempted|error|diag)-(\d+)(?:\.json|\.sock)?$")
+# A dead process's files younger than this may still be read as the evidence of its death.
+STALE_AFTER_S = 30.0
 
 
 def leave_evidence(evidence: WorkerEvidence) -> None:
     """Make this process leave evidence of how it ends and where it hangs
     (read by raydist.pool.rules.explain from another process on this node)."""
     os.makedirs(os.path.dirname(evidence.stack_path), exist_ok=True)
+    remove_stale(os.path.dirname(evidence.stack_path))  # what SIGKILLed workers (or a lost driver) left here
     for stale in (evidence.exit_note_path, evidence.preemption_path, evidence.error_path):  # left by an earlier process with this pid
         try:
             os.remove(stale)
@@ -109,6 +114,49 @@ def remove_evidence(evidence: WorkerEvidence) -> None:
             os.remove(path)
         except OSError:
             pass
+
+
+def remove_stale(scratch_dir: str, stale_after: float = STALE_AFTER_S) -> List[str]:
+    """Remove the files of workers that are gone (killed, crashed, their
+    driver lost) and older than ``stale_after``; the paths removed. A live
+    pid keeps its files unless it started after them (a reused pid)."""
+    removed: List[str] = []
+    try:
+        names = os.listdir(scratch_dir)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        found = _OWN_FILE.match(name)
+        path = os.path.join(scratch_dir, name)
+        try:
+            written = os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if found is None or now - written < stale_after:
+            continue
+        started = _start_time(int(found.group(1)))
+        if started is None or started > written:
+            try:
+                os.remove(path)
+                removed.append(path)
+            except OSError:
+                pass  # another user's, or removed meanwhile
+    return removed
+
+
+def _start_time(pid: int) -> Optional[float]:
+    """When ``pid`` started (seconds since the epoch); None when no such process lives."""
+    if not _alive(pid):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as boot:
+            booted = next(int(line.split()[1]) for line in boot if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0  # alive, start unknown: kept
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def read_evidence(evidence: WorkerEvidence, lines: int = TAIL_LINES) -> Tuple[Optional[str], Optional[int]]:
