@@ -147,11 +147,20 @@ def test_shutdown_from_another_thread_never_waits_on_a_restart() -> None:
 def test_a_call_submitted_during_a_restart_runs_in_the_new_world() -> None:
     with raydist.WorkerGroup(3, max_restarts=1, survivor_timeout=2.0) as group:
         failed = group.submit(stuck_survivor)
-        restarting = threading.Thread(target=lambda: pytest.raises(raydist.WorkerGroupError, failed.result))
+        ended: List[BaseException] = []
+
+        def wait_failed() -> None:
+            try:
+                failed.result()
+            except BaseException as error:  # noqa: BLE001 - the test reads it
+                ended.append(error)
+
+        restarting = threading.Thread(target=wait_failed)
         restarting.start()
         wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
         pids = group.run(stuck_survivor)  # sent once the new world is up
         restarting.join(60)
+        assert ended and isinstance(ended[0], raydist.WorkerGroupError), ended  # the failed call raised
         assert pids == [w.pid for w in group.workers] and group.restart_count == 1
     assert_nothing_left()
 

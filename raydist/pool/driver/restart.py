@@ -80,6 +80,9 @@ def restart_group(
         done = restart_in_place(group._builder, members, future.refs, waited, future.number, config, group.drained_nodes, live)
     except RestartAborted:
         return False  # the caller's teardown releases what the restart made
+    except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes
+        group.shutdown(graceful=False)
+        raise
     except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
         logger.error("raydist: warm restart failed (%s: %s); stopping the group", type(failure).__name__, failure)
         return False
