@@ -172,7 +172,10 @@ def _device_to_bind(requested: str, device_type: str) -> Optional[torch.device]:
     index = _device_index(requested, read_world_info().local_rank, True)
     if index is None or device_type == "cpu" or not is_indexed(device_type):
         return None
-    return torch.device(device_type, index)
+    try:
+        return torch.device(device_type, index)
+    except RuntimeError:  # a kind torch cannot name yet (its extension renames privateuse1): pinning still holds
+        return None
 
 
 def _pin_device(device: str, device_type: str, device_index: Optional[int]) -> str:

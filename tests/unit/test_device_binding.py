@@ -8,6 +8,8 @@ and stops the initialization there (the one thing that cannot run).
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any, Dict, List
 
 import pytest
@@ -82,3 +84,16 @@ def test_a_kind_that_fell_back_to_cpu_is_not_bound(recorded: List[Dict[str, Any]
     with pytest.warns(UserWarning, match="falling back to CPU"), pytest.raises(Joined):
         initialize.init_distributed("cuda")
     assert recorded[0]["backend"] == "gloo" and "device_id" not in recorded[0]
+
+
+def test_a_kind_torch_cannot_name_is_pinned_but_not_bound(recorded: List[Dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.npu without torch_npu imported: torch.device("npu", 1) is not a name torch knows.
+    module = types.ModuleType("torch.npu")
+    module.is_available = lambda: True  # type: ignore[attr-defined]
+    module.device_count = lambda: 2  # type: ignore[attr-defined]
+    module.set_device = lambda device: None  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch, "npu", module, raising=False)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    with pytest.raises(Joined):
+        initialize.init_distributed("npu", backend="hccl")
+    assert recorded[0]["backend"] == "hccl" and "device_id" not in recorded[0]
