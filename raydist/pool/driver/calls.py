@@ -60,9 +60,10 @@ class WorkerFuture:
     ``TimeoutError`` and leaves the call running; the group's own
     ``timeout`` option is what tears a call down."""
 
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int):
+    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int, split: Any = None):
         self._group = group
         self.refs, self.actors, self.number = refs, actors, number
+        self._split = split  # the call's dataset split (datasets.WorldSplit), released when it ends
         limit = group.config.timeout
         self.deadline = None if limit is None else time.monotonic() + limit  # the group's timeout
         self._result: Optional[List[Any]] = None
@@ -90,6 +91,12 @@ class WorkerFuture:
                 self._error = error
                 raise
         return self._result
+
+    def release_split(self) -> None:
+        """The call ended: stop its dataset split (a restart gets a fresh one)."""
+        split, self._split = self._split, None
+        if split is not None:
+            split.release()
 
     def cancel(self) -> bool:
         """Stop the call by tearing the group down (a rank cannot leave a

@@ -23,6 +23,7 @@ from raydist.errors import COLLECTIVES_HEADER, RaydistError, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.cluster.placement import room_for
 from raydist.pool.driver.calls import INLINE_CALL_BYTES, WorkerFuture, error_for, forward_signal, prepare_call
+from raydist.pool.driver.datasets import CallData, OpenSplits, check_datasets
 from raydist.pool.driver.diagnostics import GroupDiagnostics
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.log_files import RunLogs
@@ -79,6 +80,7 @@ class WorkerGroup:
         self._closed = self._cancelled = False
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
+        self._splits = OpenSplits()  # each call's dataset split, released when the call ends
         self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
@@ -145,12 +147,17 @@ class WorkerGroup:
 
     # -- calls -------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> WorkerFuture:
-        """Start ``fn(*args, **kwargs)`` on every rank; returns at once."""
-        return self.submit_prepared(prepare_call(fn, args, kwargs))
+    def submit(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
+        *, datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[Any] = None,
+    ) -> WorkerFuture:
+        """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets``:
+        Ray Data datasets each rank reads with ``raydist.get_dataset_shard(name)``."""
+        data = check_datasets(datasets, dataset_config)
+        return self.submit_prepared(prepare_call(fn, args, kwargs), data)
 
-    def submit_prepared(self, call: bytes) -> WorkerFuture:
-        """Start a call made by ``prepare_call`` on every rank."""
+    def submit_prepared(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
+        """Start a call made by ``prepare_call`` on every rank (``data``: its datasets, split for this world)."""
         with self._lock:
             # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
             self._changed.wait_for(lambda: self._phase is not GroupPhase.RESTARTING)
@@ -158,15 +165,19 @@ class WorkerGroup:
             sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
             # One lock around the sends: every rank queues calls in the same order.
             actors = list(self._members.actors)  # type: ignore[union-attr]
+            split = self._splits.open(data, self.workers) if data is not None else None
+            if split is not None:
+                split.send(actors)  # queued before the call on each rank
             refs = [actor.execute.remote(sent) for actor in actors]
             number, self._calls = self._calls, self._calls + 1
-        return WorkerFuture(self, refs, actors, number)
+        return WorkerFuture(self, refs, actors, number, split)
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
+        *, datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[Any] = None,
     ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
-        return self.submit(fn, args, kwargs).result(timeout)
+        return self.submit(fn, args, kwargs, datasets=datasets, dataset_config=dataset_config).result(timeout)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
@@ -221,6 +232,8 @@ class WorkerGroup:
         if getattr(self, "_diagnostics", None) is not None:
             self._diagnostics.stop()
         members = self._members
+        if connected_session() == self._session:
+            self._splits.close_all()
         if members is not None and connected_session() == self._session:
             release(members, graceful and first)
         self._hooks.stop()
@@ -266,6 +279,7 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
         waited.failures, waited.pending, cancelled=group._cancelled, closed=group._closed,
         grow_by=grow_by, drained_nodes=group.drained_nodes,
     )
+    future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
     if end is CallEnd.FINISHED:
         output = group._members.output if group._members else None
         return output.settle(future.number, waited.results) if output is not None else waited.results

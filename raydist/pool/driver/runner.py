@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.placement import wait_until_released
+from raydist.pool.driver.datasets import CallData
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.rules.policy import decide_restart, restart_line
@@ -41,8 +42,9 @@ class Attempts:
     failed_at: Optional[float] = None  # when the last attempt failed (time.time())
 
 
-def run_with_restarts(config: RunConfig, call: bytes) -> List[Any]:
-    """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank."""
+def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] = None) -> List[Any]:
+    """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank.
+    ``data``: its datasets, split afresh for each attempt's world."""
     logs = RunLogs(config)
     attempts = Attempts()
     group: Optional[WorkerGroup] = None
@@ -55,7 +57,7 @@ def run_with_restarts(config: RunConfig, call: bytes) -> List[Any]:
                     group = _start(config, logs, attempts)
                     attempts.started = True
                 attempt = group.restart_count
-                return group.submit_prepared(call).result()
+                return group.submit_prepared(call, data).result()
             except RaydistError as error:
                 if group is not None and group.restart_count > attempt >= 0 and not group.closed:  # restarted in place; it said how
                     attempts.errors.append(error)
