@@ -33,8 +33,9 @@ class CallData:
     config: DataConfig = field(default_factory=DataConfig)
 
 
-def check_datasets(datasets: Optional[Mapping[str, Any]], config: Optional[DataConfig] = None) -> Optional[CallData]:
+def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None) -> Optional[CallData]:
     """``datasets=`` and ``dataset_config=`` checked before anything starts; None without datasets."""
+    config = dataset_config
     if config is not None and not isinstance(config, DataConfig):
         raise TypeError(f"dataset_config must be a raydist.DataConfig, got {type(config).__name__}")
     if not datasets:
@@ -85,8 +86,11 @@ class OpenSplits:
         self._lock = threading.Lock()
         self._open: List[WorldSplit] = []
 
-    def open(self, data: CallData, workers: Sequence[WorkerInfo]) -> WorldSplit:
-        """Split ``data`` for the world ``workers`` (ordered by rank)."""
+    def open(self, data: Optional[CallData], workers: Sequence[WorkerInfo], actors: Sequence[Any]) -> Optional[WorldSplit]:
+        """Split ``data`` for the world ``workers`` (ordered by rank) and queue
+        each rank's part on its actor; None without data."""
+        if data is None:
+            return None
         hints = [worker.node_id for worker in workers]
         per_rank: List[Dict[str, Any]] = [{} for _ in workers]
         coordinators: List[Any] = []
@@ -106,6 +110,7 @@ class OpenSplits:
         world = WorldSplit(per_rank, coordinators, self)
         with self._lock:
             self._open.append(world)
+        world.send(actors)
         return world
 
     def forget(self, world: WorldSplit) -> None:

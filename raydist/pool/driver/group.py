@@ -147,14 +147,9 @@ class WorkerGroup:
 
     # -- calls -------------------------------------------------------------
 
-    def submit(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
-        *, datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[Any] = None,
-    ) -> WorkerFuture:
-        """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets``:
-        Ray Data datasets each rank reads with ``raydist.get_dataset_shard(name)``."""
-        data = check_datasets(datasets, dataset_config)
-        return self.submit_prepared(prepare_call(fn, args, kwargs), data)
+    def submit(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, **data: Any) -> WorkerFuture:
+        """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets=``, ``dataset_config=``: as in ``raydist.run``."""
+        return self.submit_prepared(prepare_call(fn, args, kwargs), check_datasets(**data))
 
     def submit_prepared(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
         """Start a call made by ``prepare_call`` on every rank (``data``: its datasets, split for this world)."""
@@ -165,19 +160,16 @@ class WorkerGroup:
             sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
             # One lock around the sends: every rank queues calls in the same order.
             actors = list(self._members.actors)  # type: ignore[union-attr]
-            split = self._splits.open(data, self.workers) if data is not None else None
-            if split is not None:
-                split.send(actors)  # queued before the call on each rank
+            split = self._splits.open(data, self.workers, actors)  # each rank's part, queued before the call
             refs = [actor.execute.remote(sent) for actor in actors]
             number, self._calls = self._calls, self._calls + 1
         return WorkerFuture(self, refs, actors, number, split)
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
-        *, datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[Any] = None,
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None, **data: Any
     ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
-        return self.submit(fn, args, kwargs, datasets=datasets, dataset_config=dataset_config).result(timeout)
+        return self.submit(fn, args, kwargs, **data).result(timeout)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
@@ -232,9 +224,8 @@ class WorkerGroup:
         if getattr(self, "_diagnostics", None) is not None:
             self._diagnostics.stop()
         members = self._members
-        if connected_session() == self._session:
-            self._splits.close_all()
         if members is not None and connected_session() == self._session:
+            self._splits.close_all()
             release(members, graceful and first)
         self._hooks.stop()
         if members is not None and members.output is not None:
