@@ -13,7 +13,7 @@ slicing, concatenated by numpy), a pandas DataFrame or a pyarrow Table.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
 __all__ = ["batch_count", "batch_rows", "rechunk", "row_drop_bound"]
 
@@ -100,7 +100,3 @@ def row_drop_bound(world_size: int, batch_size: Optional[int], drop_last: bool, 
         dropped += world_size * (batch_size - 1)
     return dropped
 
-
-def describe_counts(counts: Dict[int, int]) -> str:
-    """Batch counts by rank, for a message: ``rank 0: 12, rank 1: 11``."""
-    return ", ".join(f"rank {rank}: {count}" for rank, count in sorted(counts.items()))
