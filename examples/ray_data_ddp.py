@@ -58,7 +58,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rows", type=int, default=5000)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--address", default="local", help="the Ray cluster (default: a new local Ray; 'auto': the running one)")
     args = parser.parse_args()
+    # Ray Data would otherwise join whichever Ray last ran on this machine when the dataset is built.
+    ray.init(address=args.address, include_dashboard=False)
     dataset = ray.data.range(args.rows, override_num_blocks=7).map_batches(add_target)
     steps = raydist.run(train, num_workers=args.num_workers, args=(args.epochs, args.batch_size), datasets={"train": dataset})
     print(f"steps per epoch, by rank: {steps}")
