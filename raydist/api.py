@@ -7,8 +7,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 from raydist.config import RunConfig, make_config
 from raydist.pool.driver.datasets import check_datasets
 from raydist.pool.driver.group import prepare_call
-from raydist.pool.rules.datasets import DataConfig
 from raydist.pool.driver.runner import run_with_restarts
+from raydist.pool.rules.datasets import DataConfig
 
 
 def run(
