@@ -202,6 +202,7 @@ import ray, torch, torch.distributed as dist
 import raydist
 
 ray.data.DataContext.get_current().enable_progress_bars = False
+dist.init_process_group("gloo")  # as any torchrun script does
 shard = raydist.split_dataset(ray.data.range(203, override_num_blocks=5))
 ids, count = [], 0
 for batch in shard.iter_batches(batch_size=16, local_shuffle_buffer_size=20):
@@ -210,6 +211,7 @@ for batch in shard.iter_batches(batch_size=16, local_shuffle_buffer_size=20):
     dist.all_reduce(torch.ones(1))
 with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as file:
     json.dump({"count": count, "ids": ids}, file)
+dist.destroy_process_group()
 """
 
 

@@ -10,7 +10,7 @@ a row-equal split every rank then runs the same number of steps.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from raydist.pool.rules.batches import rechunk
 
@@ -131,25 +131,46 @@ def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
     import ray
     import ray.cloudpickle
 
-    from raydist.core import collectives
-    from raydist.core.initialize import get_context
-
     if not ray.is_initialized():
         raise RuntimeError("raydist.split_dataset runs inside a raydist worker (raydist.run, WorkerGroup, raydist run)")
-    info = get_context()
-    nodes = collectives.all_gather_object(ray.get_runtime_context().get_node_id())
+    rank, world_size, all_gather, scatter = _collectives()
+    nodes = all_gather(ray.get_runtime_context().get_node_id())
     parts: Optional[List[Any]] = None
-    if info.rank == 0:
+    if rank == 0:
         try:
-            iterators = dataset.streaming_split(info.world_size, equal=equal, locality_hints=nodes)
+            iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
             _coordinators.extend(_coordinator_of(iterators))
             parts = [("ok", ray.cloudpickle.dumps(iterator)) for iterator in iterators]
         except Exception as error:  # noqa: BLE001 - every rank must learn it, not wait in the scatter
-            parts = [("error", f"{type(error).__name__}: {error}")] * info.world_size
-    status, payload = collectives.scatter_object(parts)
+            parts = [("error", f"{type(error).__name__}: {error}")] * world_size
+    status, payload = scatter(parts)
     if status != "ok":
         raise RuntimeError(f"raydist.split_dataset: rank 0 could not split the dataset: {payload}")
     return DatasetShard(ray.cloudpickle.loads(payload))
+
+
+def _collectives() -> Tuple[int, int, Callable[[Any], List[Any]], Callable[[Optional[List[Any]]], Any]]:
+    """Rank, world size, all-gather and scatter of objects: torch.distributed's
+    where a process group is up (a torchrun script starts its own), else raydist's."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        def gather(obj: Any) -> List[Any]:
+            out: List[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(out, obj)
+            return out
+
+        def scatter(objs: Optional[List[Any]]) -> Any:
+            out: List[Any] = [None]
+            dist.scatter_object_list(out, objs, src=0)
+            return out[0]
+
+        return dist.get_rank(), dist.get_world_size(), gather, scatter
+    from raydist.core import collectives
+    from raydist.core.initialize import get_context
+
+    info = get_context()  # horovod, or a world of one
+    return info.rank, info.world_size, collectives.all_gather_object, collectives.scatter_object
 
 
 def _coordinator_of(iterators: List[Any]) -> List[Any]:
