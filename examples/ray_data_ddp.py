@@ -61,7 +61,10 @@ def main() -> None:
     parser.add_argument("--address", default="local", help="the Ray cluster (default: a new local Ray; 'auto': the running one)")
     args = parser.parse_args()
     # Ray Data would otherwise join whichever Ray last ran on this machine when the dataset is built.
-    ray.init(address=args.address, include_dashboard=False)
+    # Its tasks need CPU slots beside the workers' (else they wait for them forever): two more here.
+    extra = {"num_cpus": args.num_workers + 2} if args.address == "local" else {}
+    ray.init(address=args.address, include_dashboard=False, **extra)
+    ray.data.DataContext.get_current().enable_progress_bars = False
     dataset = ray.data.range(args.rows, override_num_blocks=7).map_batches(add_target)
     steps = raydist.run(train, num_workers=args.num_workers, args=(args.epochs, args.batch_size), datasets={"train": dataset})
     print(f"steps per epoch, by rank: {steps}")
