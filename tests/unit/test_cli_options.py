@@ -1,127 +1,82 @@
-"""`raydist run`'s options are generated from RunConfig's fields: the same
-flags, spellings, defaults and values as the hand-written parser had, and a
-new field with a CliFlag is a new flag. No Ray (the CLI imports it only to run)."""
+"""`raydist run`'s options are generated from the options' records (the flags
+table, ``raydist.config.cli_options``): each flag with its spellings, metavar,
+choices, action and help as its record says, defaults left to RunConfig, and a
+new record with a flag is a new flag. No Ray (the CLI imports it only to run)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List
 
 import pytest
 
 from raydist import cli
-from raydist.config import CLI, RunConfig, cli_options, option_default
-from raydist.config import cli as cli_flag
-from raydist.core.accelerators import ACCELERATOR_CHOICES
+from raydist.cli import args as cli_args
+from raydist.config import Option, RunConfig, cli_options, option_default
+from raydist.config.flags import flag as cli_flag
+from raydist.config.option import option_of
 
-# The hand-written parser's every option (before the table): spellings ->
-# (dest, metavar, argparse action, choices). Defaults are None ("not given")
-# except for the CLI-only flags.
-OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[str, ...]]]] = {
-    ("-h", "--help"): ("help", None, "_HelpAction", None),
-    ("-n", "--nproc-per-node", "--nproc_per_node", "--num-workers"): ("nproc_per_node", "N", "_StoreAction", None),
-    ("--nnodes",): ("nnodes", "N|MIN:MAX", "_StoreAction", None),
-    ("-m", "--module"): ("module", None, "_StoreTrueAction", None),
-    ("--accelerator",): ("accelerator", None, "_StoreAction", ACCELERATOR_CHOICES),
-    ("--resources-per-worker",): ("resources_per_worker", "JSON", "_StoreAction", None),
-    ("--backend",): ("backend", "NAME", "_StoreAction", None),
-    ("--max-restarts", "--max_restarts"): ("max_restarts", "K", "_StoreAction", None),
-    ("--address",): ("address", "ADDRESS", "_StoreAction", None),
-    ("--standalone",): ("standalone", None, "_StoreTrueAction", None),
-    ("--env",): ("env", "KEY=VALUE", "_AppendAction", None),
-    ("--placement-strategy", "--placement_strategy"): (
-        "placement_strategy", "STRATEGY", "_StoreAction", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    ),
-    ("--timeout",): ("timeout", "SECONDS", "_StoreAction", None),
-    ("--startup-timeout",): ("startup_timeout", "SECONDS", "_StoreAction", None),
-    ("--restart-to-grow",): ("restart_to_grow", None, "_StoreTrueAction", None),
-    ("--preemption-signal",): ("preemption_signal", "SIGNAL", "_StoreAction", None),
-    ("--pg-timeout",): ("pg_timeout", "SECONDS", "_StoreAction", None),
-    ("--log-dir", "--log_dir"): ("log_dir", "DIR", "_StoreAction", None),
-    ("-r", "--redirects"): ("redirects", "CODES", "_StoreAction", None),
-    ("-t", "--tee"): ("tee", "CODES", "_StoreAction", None),
-    ("--local-ranks-filter", "--local_ranks_filter"): ("local_ranks_filter", "RANKS", "_StoreAction", None),
-    # Added with torchrun's layout, node selection and binding.
-    ("--no-python", "--no_python"): ("no_python", None, "_StoreTrueAction", None),
-    ("--run-path", "--run_path"): ("run_path", None, "_StoreTrueAction", None),
-    ("--label-selector", "--label_selector"): ("label_selector", "KEY=VALUE[,...]", "_StoreAction", None),
-    ("--accelerator-type", "--accelerator_type"): ("accelerator_type", "TYPE", "_StoreAction", None),
-    ("--exclude-nodes", "--exclude_nodes"): ("exclude_nodes", "NODE[,NODE...]", "_StoreAction", None),
-    ("--numa-binding", "--numa_binding"): ("numa_binding", "MODE", "_StoreAction", ("node", "socket", "exclusive", "core-complex")),
-    ("--virtual-local-rank", "--virtual_local_rank"): ("virtual_local_rank", None, "_StoreTrueAction", None),
-    ("--role",): ("role", "ROLE", "_StoreAction", None),
-    ("--monitor-interval", "--monitor_interval"): ("monitor_interval", "SECONDS", "_StoreAction", None),
-    **{
-        (flag, "--" + flag[2:].replace("-", "_")): (argparse.SUPPRESS, "VALUE", "_Refused", None)
-        for flag in (
-            "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--start-method", "--event-log-handler",
-            "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--node-rank", "--master-addr",
-            "--master-port", "--local-addr", "--logs-specs",
-        )
-    },
-    # Added with the flight recorder and pdb on any rank.
-    ("--no-flight-recorder",): ("flight_recorder", None, "_StoreTrueAction", None),
-    ("--post-mortem",): ("post_mortem", None, "_StoreTrueAction", None),
-    # torchrun's, added since the table.
-    ("--signals-to-handle", "--signals_to_handle"): ("signals_to_handle", "SIGNALS", "_StoreAction", None),
-    ("--shutdown-timeout", "--shutdown_timeout"): ("shutdown_timeout", "SECONDS", "_StoreAction", None),
-    # Added with warm restarts.
-    ("--restart-mode",): ("restart_mode", "MODE", "_StoreAction", ("warm", "fresh")),
-    ("--spare-workers",): ("spare_workers", "K", "_StoreAction", None),
-    ("--survivor-timeout",): ("survivor_timeout", "SECONDS", "_StoreAction", None),
-}
+# The flags that set no single option (torchrun's -n, --nnodes, ...), with their defaults.
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
     "no_python": False, "run_path": False,
 }
-# The old FLAG_OF_OPTION: the flag that names each option in messages.
-OLD_FLAG_OF_OPTION = {
-    "num_workers": "--nproc-per-node", "accelerator": "--accelerator", "resources_per_worker": "--resources-per-worker",
-    "backend": "--backend", "env": "--env", "placement_strategy": "--placement-strategy", "timeout": "--timeout",
-    "startup_timeout": "--startup-timeout", "max_restarts": "--max-restarts", "address": "--address",
-    "pg_timeout": "--pg-timeout", "restart_to_grow": "--restart-to-grow", "preemption_signal": "--preemption-signal",
-    "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
-    "num_nodes": "--nnodes", "workers_per_node": "--nproc-per-node", "label_selector": "--label-selector",
-    "accelerator_type": "--accelerator-type", "exclude_nodes": "--exclude-nodes", "numa_binding": "--numa-binding",
-    "virtual_local_rank": "--virtual-local-rank", "role": "--role", "monitor_interval": "--monitor-interval",
-    "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
-    "signals_to_handle": "--signals-to-handle", "shutdown_timeout": "--shutdown-timeout",
-    "restart_mode": "--restart-mode", "spare_workers": "--spare-workers", "survivor_timeout": "--survivor-timeout",
-}
+ACTION_OF = {None: "_StoreAction", "store_true": "_StoreTrueAction", "append": "_AppendAction"}
 
 
 def run_parser() -> argparse.ArgumentParser:
     return cli.build_parser()[1]
 
 
-def test_generated_options_are_the_old_flags() -> None:
-    actions = {tuple(action.option_strings): action for action in run_parser()._actions if action.option_strings}
-    assert set(actions) == set(OLD_FLAGS)
-    for flags, (dest, metavar, kind, choices) in OLD_FLAGS.items():
-        action = actions[flags]
-        assert (action.dest, action.metavar, type(action).__name__) == (dest, metavar, kind), flags
-        assert (tuple(action.choices) if action.choices else None) == choices, flags
-        assert action.default == CLI_ONLY_DEFAULTS.get(dest), flags
-        assert action.help, flags
+def parser_actions() -> Dict[tuple, argparse.Action]:
+    return {tuple(action.option_strings): action for action in run_parser()._actions if action.option_strings}
+
+
+def test_every_flag_is_generated_from_its_record() -> None:
+    actions = parser_actions()
+    generated = [(option, flag) for option, flag in cli_options() if flag.generated]
+    for option, flag in generated:
+        action = actions.pop(flag.flags)
+        assert (action.dest, action.metavar, type(action).__name__) == (option.name, flag.metavar, ACTION_OF[flag.action])
+        assert (tuple(action.choices) if action.choices else None) == flag.choices, flag.flags
+        assert action.default is None, flag.flags  # "not given": RunConfig keeps its own default
+        assert action.help == flag.help_for(option_default(option)) and action.help, flag.flags
+    refused = {spellings for spellings, action in actions.items() if type(action).__name__ == "_Refused"}
+    assert {flags[0] for flags in refused} == {f for f, (kind, _) in cli.TORCHRUN_FLAGS.items() if kind == cli.REFUSED}
+    cli_only = {action.dest: action.default for flags, action in actions.items() if flags not in refused}
+    assert cli_only == CLI_ONLY_DEFAULTS
     positionals = [(a.dest, a.metavar, a.nargs) for a in run_parser()._actions if not a.option_strings]
     assert positionals == [("target", "script", None), ("script_args", "args", "*")]
 
 
-def test_message_names_are_the_old_ones() -> None:
-    assert {option.name: flag.flag for option, flag in cli_options()} == OLD_FLAG_OF_OPTION
-    assert cli._as_flags("env['RANK']: no; restart_to_grow needs; pg_timeout and timeout") == (
-        "--env['RANK']: no; --restart-to-grow needs; --pg-timeout and --timeout"
+def test_messages_name_each_option_by_a_flag_the_parser_has() -> None:
+    spellings = {spelling for flags in parser_actions() for spelling in flags}
+    for option, flag in cli_options():
+        assert flag.flag.startswith("--") and flag.flag in spellings, option.name
+    assert {option.name: flag.flag for option, flag in cli_options() if not flag.generated} == {
+        "num_workers": "--nproc-per-node", "num_nodes": "--nnodes", "workers_per_node": "--nproc-per-node",
+    }
+    assert cli.as_flags("env['RANK']: no; restart_to_grow needs; pg_timeout and timeout; flight_recorder") == (
+        "--env['RANK']: no; --restart-to-grow needs; --pg-timeout and --timeout; --no-flight-recorder"
     )
 
 
 def test_only_policy_options_have_no_flag() -> None:
     # Set by `raydist run` itself, as torchrun behaves (or not useful from a shell).
-    assert {f.name for f in dataclasses.fields(RunConfig) if CLI not in f.metadata} == {
+    assert {f.name for f in dataclasses.fields(RunConfig) if option_of(f).flag is None} == {
         "retry_on_exception", "init_process_group", "object_store_threshold",
     }
+
+
+def test_every_option_has_a_record_with_a_meaning() -> None:
+    for field in dataclasses.fields(RunConfig):
+        option = option_of(field)
+        assert option.doc and f"{field.name}: " in (RunConfig.__doc__ or ""), field.name
+        assert option_default(field) == option.default, field.name
 
 
 def config_of(argv: List[str]) -> RunConfig:
@@ -187,7 +142,10 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["-n", "gpu", "--accelerator", "cpu"], "contradicts"),
         (["--nnodes", "2", "-n", "auto"], "give a number"),
         (["-n", "0"], "--nproc-per-node must be >= 1"),
-        (["--nnodes", "2", "--placement-strategy", "PACK"], "applies only without --nnodes"),
+        (["--nnodes", "2", "--placement-strategy", "PACK"], "--placement-strategy='PACK' does not apply with --nnodes"),
+        (["--nnodes", "2", "-n", "0"], "--nproc-per-node must be >= 1, got 0"),
+        (["--nnodes", "0"], "--nnodes min must be >= 1"),
+        (["--nnodes", "3:2"], "--nnodes=(min, max) needs min <= max"),
         (["--label-selector", "zone"], "not KEY=VALUE"),
         (["--label-selector", "zone=in(a,"], "Ray's forms"),
         (["--exclude-nodes", "abc"], "--exclude-nodes entry 'abc'"),
@@ -198,25 +156,28 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
     ],
 )
 def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> None:
-    with pytest.raises(cli.CliError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+    with pytest.raises(cli.CliError, match=re.escape(message)):
         config_of(argv)
 
 
 def test_a_new_field_is_a_new_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    retries = Option(
+        2, check=lambda name, value: value, doc="retries per rank",
+        flag=cli_flag("--retries-per-rank", "--retries_per_rank", help="retries (default {default})", metavar="K"),
+    )
+
     @dataclasses.dataclass(frozen=True)
     class Extended:
-        retries_per_rank: int = dataclasses.field(
-            default=2,
-            metadata=cli_flag("--retries-per-rank", "--retries_per_rank", help="retries (default {default})", metavar="K"),
-        )
+        retries_per_rank: int = retries.field()
 
-    extra = tuple((f, f.metadata[CLI]) for f in dataclasses.fields(Extended))
-    monkeypatch.setattr(cli, "cli_options", lambda: cli_options() + extra)
+    extra = tuple((f, option_of(f).flag) for f in dataclasses.fields(Extended))
+    monkeypatch.setattr(cli_args, "cli_options", lambda: cli_options() + extra)
+    monkeypatch.setattr(sys.modules["raydist.cli.plan"], "cli_options", lambda: cli_options() + extra)
     parser = run_parser()
     action = next(a for a in parser._actions if "--retries_per_rank" in a.option_strings)
     assert (action.dest, action.help, action.default) == ("retries_per_rank", "retries (default 2)", None)
     assert parser.parse_args(["--retries-per-rank", "5", "x.py"]).retries_per_rank == "5"
-    assert cli._as_flags("retries_per_rank must be") == "--retries-per-rank must be"
+    assert cli.as_flags("retries_per_rank must be") == "--retries-per-rank must be"
     assert option_default(extra[0][0]) == 2
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequen
 import ray
 import ray.cloudpickle
 
-from raydist.config import check_call, check_seconds
+from raydist.config import check_seconds
 from raydist.errors import (
     RaydistError,
     WorkerCallCancelled,
@@ -21,6 +21,7 @@ from raydist.errors import (
 )
 from raydist.pool.driver import signals
 from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.records import CallEnd, Outcome
 from raydist.pool.rules.policy import classify_end
