@@ -145,7 +145,7 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["--nnodes", "2", "--placement-strategy", "PACK"], "--placement-strategy='PACK' does not apply with --nnodes"),
         (["--nnodes", "2", "-n", "0"], "--nproc-per-node must be >= 1, got 0"),
         (["--nnodes", "0"], "--nnodes min must be >= 1"),
-        (["--nnodes", "3:2"], "--nnodes=(min, max) needs min <= max"),
+        (["--nnodes", "3:2"], "--nnodes MIN:MAX needs min <= max, got (3, 2)"),
         (["--label-selector", "zone"], "not KEY=VALUE"),
         (["--label-selector", "zone=in(a,"], "Ray's forms"),
         (["--exclude-nodes", "abc"], "--exclude-nodes entry 'abc'"),
