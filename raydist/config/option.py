@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional, cast
 
 from raydist.config.flags import CliFlag
@@ -31,7 +32,7 @@ class Option:
         """The dataclass field (a fresh copy of a mutable default per config)."""
         metadata = {OPTION: self}
         if isinstance(self.default, dict):
-            return dataclasses.field(default_factory=dict, metadata=metadata)
+            return dataclasses.field(default_factory=partial(dict, self.default), metadata=metadata)
         return dataclasses.field(default=self.default, metadata=metadata)
 
 
