@@ -130,7 +130,7 @@ def as_flags(message: str) -> str:
     """A RunConfig message with option names spelled as this command's flags."""
     # The elastic size as typed here ("--nproc-per-node=(min, max)" is no flag form).
     message = message.replace(ELASTIC_SIZE, "--nnodes MIN:MAX")
-    message = message.replace("num_nodes=(min, max)", "--nnodes MIN:MAX")
+    message = message.replace("num_nodes=(min, max) needs min <= max", "--nnodes MIN:MAX needs MIN <= MAX")
     flag_of = {option.name: flag.flag for option, flag in cli_options()}
     # (?<!-): a name already spelled as a flag (a hint's "--address") stays as it is.
     return re.sub(r"(?<!-)\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)

@@ -145,7 +145,7 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["--nnodes", "2", "--placement-strategy", "PACK"], "--placement-strategy='PACK' does not apply with --nnodes"),
         (["--nnodes", "2", "-n", "0"], "--nproc-per-node must be >= 1, got 0"),
         (["--nnodes", "0"], "--nnodes min must be >= 1"),
-        (["--nnodes", "3:2"], "--nnodes MIN:MAX needs min <= max, got (3, 2)"),
+        (["--nnodes", "3:2"], "--nnodes MIN:MAX needs MIN <= MAX, got (3, 2)"),
         (["--label-selector", "zone"], "not KEY=VALUE"),
         (["--label-selector", "zone=in(a,"], "Ray's forms"),
         (["--exclude-nodes", "abc"], "--exclude-nodes entry 'abc'"),
@@ -197,3 +197,15 @@ def test_recorder_and_post_mortem_flags() -> None:
     assert plain.flight_recorder and not plain.post_mortem
     flagged = cli.build_config(parser.parse_args(["run", "--no-flight-recorder", "--post-mortem", "x.py"]))
     assert not flagged.flight_recorder and flagged.post_mortem
+
+
+def test_the_backend_library_is_checked_once_on_the_cli_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydist.core.backend import BackendEntry
+    from raydist.pool.driver.hooks import group_hooks
+
+    checked: List[str] = []
+    monkeypatch.setattr(BackendEntry, "check_requires", lambda entry: checked.append(entry.name))
+    plan = cli.plan_run(run_parser().parse_args(["--backend", "gloo", __file__]), [])
+    assert checked == ["torch"]  # when the config is built, before Ray
+    group_hooks(plan.config)  # what the worker group builds from it
+    assert checked == ["torch"]

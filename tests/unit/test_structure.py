@@ -126,3 +126,12 @@ def sizes() -> Iterator[Tuple[str, str, int]]:
 def test_no_function_or_class_outgrows_its_limit(kind: str, limit: int) -> None:
     too_long = [f"{name}: {lines} lines" for name, node_kind, lines in sizes() if node_kind == kind and lines > limit]
     assert too_long == []
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_outgrows_its_limit() -> None:
+    too_long = [f"{path.relative_to(PACKAGE.parent)}: {lines} lines" for path in sorted(PACKAGE.rglob("*.py"))
+                if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert too_long == []
