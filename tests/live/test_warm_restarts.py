@@ -132,7 +132,7 @@ def test_shutdown_from_another_thread_never_waits_on_a_restart() -> None:
 
     caller = threading.Thread(target=call)
     caller.start()
-    wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+    wait_for(lambda: group.phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
     started = time.monotonic()
     group.shutdown()
     took = time.monotonic() - started
@@ -157,7 +157,7 @@ def test_a_call_submitted_during_a_restart_runs_in_the_new_world() -> None:
 
         restarting = threading.Thread(target=wait_failed)
         restarting.start()
-        wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+        wait_for(lambda: group.phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
         pids = group.run(stuck_survivor)  # sent once the new world is up
         restarting.join(60)
         assert ended and isinstance(ended[0], raydist.WorkerGroupError), ended  # the failed call raised
