@@ -32,7 +32,7 @@ from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.restart import RestartAborted, restart_in_place
 from raydist.pool.driver.startup import GroupBuilder, Holdings, release
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
-from raydist.pool.driver.world import World
+from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
 from raydist.pool.rules.logs import wants_files
 from raydist.pool.rules.policy import Decision, classify_end, decide_restart, restart_line
@@ -255,6 +255,15 @@ def start_group(config: RunConfig, *, restart_count: int, logs: RunLogs, node_or
     return group
 
 
+def attach(group: WorkerGroup, name: str, thing: Attachment) -> None:
+    """Keep ``thing`` with the group's current world: stopped when that world
+    ends (the next warm restart, or the shutdown), as its watchers are."""
+    with group._life.lock:
+        if group._world is None or group._world.ended:
+            raise RuntimeError("this WorkerGroup has no running world to attach to")
+        group._world = group._world.attach(name, thing)
+
+
 def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
     """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
     group._check_session()
@@ -301,7 +310,8 @@ def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, 
     if holdings is None or holdings.request.node_layout:
         return False  # (a node layout restarts whole)
     with life.lock:  # only the newest call restarts (a newer one is queued behind it on the old actors)
-        if life.phase is not GroupPhase.RUNNING or future.number != group._calls - 1 or group._world is not future.world:
+        old = group._world  # the call's world, with whatever was attached to it since
+        if life.phase is not GroupPhase.RUNNING or future.number != group._calls - 1 or old is None or old.attempt != future.world.attempt:
             return False
         life.move(GroupPhase.RESTARTING)
 
@@ -310,7 +320,7 @@ def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, 
             raise RestartAborted("the group was shut down during its warm restart")
 
     try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
-        world, done = restart_in_place(group._builder, holdings, future.world, future.refs, waited, future.number, config, live)
+        world, done = restart_in_place(group._builder, holdings, old, future.refs, waited, future.number, config, live)
     except RestartAborted:
         return False  # the caller's teardown releases what the restart made
     except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
@@ -326,7 +336,7 @@ def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, 
         group._world = world
         group._restarts_used += int(decision.restart.counted)
         life.move(GroupPhase.RUNNING)
-    logger.warning(restart_line(decision.restart, future.world.size, world.attempt, config.max_restarts, group._restarts_used))
+    logger.warning(restart_line(decision.restart, old.size, world.attempt, config.max_restarts, group._restarts_used))
     logger.warning(done)
     return True
 
