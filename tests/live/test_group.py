@@ -148,6 +148,7 @@ def test_failed_run_names_rank_and_node_and_leaves_nothing_behind() -> None:
     assert error.root_cause.rank == 1
     assert "ValueError: bad batch on rank one" in str(error)
     assert "rank 1" in str(error) and error.root_cause.node_id[:12] in str(error)
+    assert not error.restarted_in_place and "restarted in place" not in str(error)
     assert live_raydist_actors() == []
     assert live_placement_groups() == []
 
@@ -163,3 +164,9 @@ def test_default_num_workers_is_one_per_cpu_slot() -> None:
 
     results: List[int] = raydist.run(dist.get_world_size)
     assert results == [int(ray.cluster_resources()["CPU"])] * len(results)
+
+
+@pytest.mark.parametrize("internal", ["restart_count", "logs", "node_order", "restarts_used"])
+def test_the_public_constructor_takes_only_public_options(internal: str) -> None:
+    with pytest.raises(TypeError, match=f"unexpected option.*'{internal}'"):
+        raydist.WorkerGroup(2, **{internal: 1})  # refused before Ray is touched

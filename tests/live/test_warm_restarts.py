@@ -23,6 +23,7 @@ import torch.distributed as dist
 from conftest import REPO, live_placement_groups, live_raydist_actors, ray_address, start_cluster
 
 import raydist
+from raydist.pool.driver.group import attach
 from raydist.pool.records import GroupPhase
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,6 +67,14 @@ def assert_nothing_left(actors: bool = True) -> None:
     wait_for(lambda: not (actors and live_raydist_actors()) and not live_placement_groups(), 30, "actors and placement groups to go")
 
 
+class Stoppable:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
@@ -73,8 +82,12 @@ def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.L
         before = [w.pid for w in group.workers]
         spares = [s.pid for s in group.spares]
         assert len(spares) == 1 and spares[0] not in before
-        with pytest.raises(raydist.WorkerGroupError, match="rank 1"):
+        attached = Stoppable()
+        attach(group, "probe", attached)  # a per-attempt thing ends with its world
+        with pytest.raises(raydist.WorkerGroupError, match="rank 1") as caught:
             group.run(crash_rank, args=(1,))
+        assert caught.value.restarted_in_place and "the group restarted in place: attempt 1" in str(caught.value)
+        assert attached.stopped.is_set()
         after = [w.pid for w in group.workers]
         assert group.restart_count == 1 and len(after) == 3
         assert set(after) == {before[0], before[2], spares[0]}  # the survivors kept, the spare joined
@@ -132,7 +145,7 @@ def test_shutdown_from_another_thread_never_waits_on_a_restart() -> None:
 
     caller = threading.Thread(target=call)
     caller.start()
-    wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+    wait_for(lambda: group.phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
     started = time.monotonic()
     group.shutdown()
     took = time.monotonic() - started
@@ -157,7 +170,7 @@ def test_a_call_submitted_during_a_restart_runs_in_the_new_world() -> None:
 
         restarting = threading.Thread(target=wait_failed)
         restarting.start()
-        wait_for(lambda: group._phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
+        wait_for(lambda: group.phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
         pids = group.run(stuck_survivor)  # sent once the new world is up
         restarting.join(60)
         assert ended and isinstance(ended[0], raydist.WorkerGroupError), ended  # the failed call raised
