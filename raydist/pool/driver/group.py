@@ -73,16 +73,14 @@ class WorkerGroup:
         self._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
         connect(config.address, startup_timeout=config.startup_timeout)
         self._session = connected_session()
-        ref = weakref.ref(self)  # the watcher holds the group weakly: a dropped group is freed
-
-        def stop_to_grow() -> None:
-            group = ref()
-            if group is not None:
-                group._stop(CallEnd.GROW)
-
-        self._builder = GroupBuilder(config, self._hooks, logs or RunLogs(config), _router(config), stop_to_grow, restart_count, node_order)
-        self._holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
-        world = self._builder.build(self._holdings)
+        self._builder = GroupBuilder(config, self._hooks, logs or RunLogs(config), _router(config), _grow_stopper(self), restart_count, node_order)
+        try:
+            self._holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
+            world = self._builder.build(self._holdings)
+        except BaseException:  # the builder released what it made; the group is closed, never started
+            self._life.stop(CallEnd.SHUT_DOWN)
+            self._life.close()
+            raise
         with self._life.lock:
             self._world = world
             if self._life.phase is GroupPhase.STARTING:
@@ -339,6 +337,19 @@ def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, 
     logger.warning(restart_line(decision.restart, old.size, world.attempt, config.max_restarts, group._restarts_used))
     logger.warning(done)
     return True
+
+
+def _grow_stopper(group: WorkerGroup) -> Callable[[], None]:
+    """What the drain watcher calls to stop the group to grow; it holds the
+    group weakly, so a group dropped without shutdown() is freed."""
+    ref = weakref.ref(group)
+
+    def stop_to_grow() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._stop(CallEnd.GROW)
+
+    return stop_to_grow
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:
