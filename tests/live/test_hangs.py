@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import live_placement_groups, live_raydist_actors
+from conftest import assert_nothing_left
 
 import raydist
 
@@ -38,7 +38,7 @@ def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numb
         raydist.run(rank_two_skips_the_sixth, num_workers=4, timeout=8, resources_per_worker=QUARTER_CPU)
     assert caught.value.collectives == SKIPPED
     assert SKIPPED in str(caught.value) and "in all_reduce at distributed_c10d.py" in str(caught.value)
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_a_different_op_at_the_same_sequence_number_is_named_as_a_mismatch() -> None:
@@ -53,7 +53,7 @@ def test_a_process_group_timeout_reports_where_each_rank_was() -> None:
     expected = "failed in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
     assert caught.value.collectives.endswith(expected), str(caught.value)
     assert expected in str(caught.value)
-    assert live_raydist_actors() == []
+    assert_nothing_left()
 
 
 def rank_one_waits_outside() -> None:
