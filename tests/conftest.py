@@ -97,11 +97,12 @@ def start_cluster(nodes: List[Dict[str, Any]]) -> Any:
         return _current["cluster"]
     _shutdown_current()
     cluster = Cluster(initialize_head=True, head_node_args=dict(nodes[0], include_dashboard=False))
+    _current.update(cluster=cluster)  # a start that fails half-way is still shut down
     for node in nodes[1:]:
         cluster.add_node(**node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
-    _current.update(kind=kind, cluster=cluster, nodes=nodes)
+    _current.update(kind=kind, nodes=nodes)
     return cluster
 
 

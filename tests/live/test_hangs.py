@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import assert_nothing_left
+from conftest import assert_nothing_left, ray_address
 
 import raydist
 
@@ -104,7 +104,7 @@ def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
+        [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
          "--timeout", "10", str(script)],
         env=env, capture_output=True, text=True, timeout=200,
     )
