@@ -116,20 +116,28 @@ def cluster(request: pytest.FixtureRequest) -> Any:
     return start_cluster(list(marker.args))
 
 
-def _ray_order(item: pytest.Item) -> Tuple[int, str]:
-    """Tests that need no Ray of this process first (they start their own,
-    or none), then those on the local Ray, then each cluster shape in turn."""
+def _ray_need(item: pytest.Item) -> Tuple[int, str]:
+    """(0, '') for no Ray of this process, (1, '') for the local Ray, (2, shape) for a cluster."""
     names = getattr(item, "fixturenames", ())
     marker = item.get_closest_marker("nodes")
     if marker is not None and "cluster" in names:
         return (2, repr(list(marker.args)))
-    if "ray_local" in names:
-        return (1, "")
-    return (0, "")
+    return (1, "") if "ray_local" in names else (0, "")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
-    items.sort(key=_ray_order)  # stable: a module's tests keep their order within each group
+    """Tests that need the same Ray run together: those that need none of this
+    process's Rays first, then the local Ray's, then each cluster shape in
+    turn. A test that needs no Ray stays with the first Ray its module needs,
+    so the module's own fixtures are set up once."""
+    needs = {item: _ray_need(item) for item in items}
+    first_of_module: Dict[str, Tuple[int, str]] = {}
+    for item, need in needs.items():
+        if need[0]:
+            module = item.nodeid.split("::")[0]
+            first_of_module[module] = min(first_of_module.get(module, need), need)
+    order = {item: needs[item] if needs[item][0] else first_of_module.get(item.nodeid.split("::")[0], (0, "")) for item in items}
+    items.sort(key=order.__getitem__)  # stable: a module keeps its order within each group
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
