@@ -9,7 +9,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "raydist"
+PACKAGE = Path(__file__).resolve().parents[3] / "raydist"
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 200
 
