@@ -10,6 +10,7 @@ actor is left.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -25,7 +26,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, live_raydist_actors, ray_address
+from conftest import REPO, assert_nothing_left, ray_address, wait_for
 
 import raydist
 
@@ -40,17 +41,15 @@ def quiet_ray_data() -> None:
 
 
 def live_data_actors() -> List[str]:
-    from ray.util.state import list_actors
+    """Ray Data's split coordinators not dead, read from the GCS (no dashboard needed)."""
+    table = ray._private.state.actors()
+    return [a["ActorClassName"] for a in table.values() if "SplitCoordinator" in a["ActorClassName"] and a["State"] != "DEAD"]
 
-    actors = list_actors(address=ray_address(), filters=[("state", "!=", "DEAD")])
-    return [a.class_name for a in actors if "SplitCoordinator" in a.class_name]
 
-
-def assert_nothing_left(timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while (live_raydist_actors() or live_data_actors()) and time.monotonic() < deadline:
-        time.sleep(0.2)  # actor deaths reach the state API a moment after the kill
-    assert live_raydist_actors() == [] and live_data_actors() == []
+def assert_all_gone(files: bool = True) -> None:
+    """The shared leak check, and no split coordinator left (killed asynchronously)."""
+    assert_nothing_left(files=files, within=10)
+    wait_for(lambda: live_data_actors() == [], 30, "the split coordinators to be gone")
 
 
 def ids_of(batch: Any) -> List[int]:
@@ -125,7 +124,7 @@ def test_random_layouts_give_equal_batches_disjoint_full_epochs() -> None:
                 except AssertionError as error:
                     raise AssertionError(f"layout {layout}: {rows} rows, batch {size}, buffer {buffer}, drop_last {drop_last}, {fmt}") from error
         assert live_data_actors() == []  # each call's split went with it
-    assert_nothing_left()
+    assert_all_gone()
 
 
 def read_two(batch_size: int) -> Dict[str, List[int]]:
@@ -145,7 +144,7 @@ def test_every_row_split_and_a_dataset_given_whole() -> None:
     train = [i for result in results for i in result["train"]]
     assert sorted(train) == list(range(101))  # every row, each once
     assert all(sorted(result["eval"]) == list(range(20)) for result in results)  # whole on every rank
-    assert_nothing_left()
+    assert_all_gone()
 
 
 def tensors(batch_size: int) -> Tuple[int, str, List[int]]:
@@ -170,7 +169,7 @@ def test_bad_datasets_fail_before_anything_starts() -> None:
         raydist.run(no_shard, num_workers=2, datasets={"train": ray.data.range(4)}, dataset_config=raydist.DataConfig(["eval"]))
     with pytest.raises(raydist.WorkerGroupError, match="no dataset 'train' was given to this call"):
         raydist.run(no_shard, num_workers=1)
-    assert_nothing_left()
+    assert_all_gone()
 
 
 def dies_in_epoch_zero(batch_size: int) -> List[EpochRows]:
@@ -193,7 +192,7 @@ def test_a_reader_killed_mid_epoch_restarts_on_a_fresh_split() -> None:
     )
     check_epochs(per_rank, 300, 10, False)
     assert sum(len(epochs[0][1]) for epochs in per_rank) == 300  # the next attempt reads full epochs
-    assert_nothing_left()
+    assert_all_gone(files=False)  # a SIGKILLed rank's files go at the next start
 
 
 SCRIPT = """
@@ -228,4 +227,19 @@ def test_split_dataset_in_a_raydist_run_script(tmp_path: Path) -> None:
     assert ranks[0]["count"] == ranks[1]["count"] == 7  # 101 rows each: 6 full batches and one of 5
     ids = ranks[0]["ids"] + ranks[1]["ids"]
     assert len(ids) == len(set(ids)) == 202  # disjoint; one row dropped for a row-equal split
-    assert_nothing_left()
+    assert_all_gone()
+
+
+def ignores_the_shard() -> int:
+    return dist.get_rank()
+
+
+def test_datasets_on_a_ray_with_no_cpu_left_warn_at_submit(caplog: pytest.LogCaptureFixture) -> None:
+    """Every CPU of the shared Ray held by the workers: Ray Data could never run a task."""
+    cpus = int(ray.cluster_resources()["CPU"])
+    with caplog.at_level(logging.WARNING, logger="raydist"), raydist.WorkerGroup(cpus, timeout=60) as group:
+        assert group.run(ignores_the_shard, datasets={"train": ray.data.range(8)}) == list(range(cpus))
+    warnings = [r.getMessage() for r in caplog.records if "Ray Data's tasks" in r.getMessage()]
+    assert len(warnings) == 1 and f"held by this group's {cpus} worker(s)" in warnings[0]
+    assert "resources_per_worker" in warnings[0]
+    assert_all_gone()

@@ -21,22 +21,16 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, live_placement_groups, start_cluster
+from conftest import REPO, live_placement_groups
 
 import raydist
 
-pytestmark = pytest.mark.timeout(240)
-
 NODE = {"num_cpus": 2}
+pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(NODE, NODE, NODE)]
 BIN = Path(sys.executable).parent
 
 
 # -- on a live cluster ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([NODE, NODE, NODE])
 
 
 def node_ids_in_order(cluster: Any) -> List[str]:

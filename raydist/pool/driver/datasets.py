@@ -1,8 +1,9 @@
 """A call's Ray Data datasets, split for the world that runs it.
 
-A split belongs to one world: made when the call is sent (one
+A split belongs to one call and one world: made when the call is sent (one
 ``streaming_split`` per split dataset, the ranks' nodes as locality
-hints), released when the call ends or its group is torn down. Releasing
+hints), released when the call ends; a world's open splits are attached
+to it (``OpenSplits``) and stop with it (a warm restart, a shutdown). Releasing
 stops the split's coordinator actor, which owns the blocks it streams:
 ranks still waiting in its epoch barrier fail at once instead of waiting
 for a reader that died, and no block stays pinned. A retried call (after a
@@ -11,16 +12,22 @@ restart, warm or fresh) gets a fresh split of its new world.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import ray
 
+from raydist.pool.cluster.connect import connected_session
 from raydist.pool.records import WorkerInfo
-from raydist.pool.rules.datasets import DataConfig, check_dataset_names, split_names
+from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
 
-__all__ = ["CallData", "OpenSplits", "WorldSplit", "check_datasets"]
+__all__ = ["DATASETS", "CallData", "OpenSplits", "WorldSplit", "check_datasets", "warn_without_cpus"]
+
+logger = logging.getLogger("raydist")
+
+DATASETS = "datasets"  # the name a world's open splits are attached under
 
 MISSING_RAY_DATA = "datasets= needs Ray Data, which is not installed: pip install 'raydist[data]' (or 'ray[data]')"
 
@@ -67,11 +74,13 @@ class WorldSplit:
         for actor, iterators in zip(actors, self.per_rank):
             actor.set_dataset_shards.remote(iterators)
 
-    def release(self) -> None:
+    def stop(self) -> None:
         """Stop the split's coordinators (once); the iterators fail from then on."""
         coordinators, self._coordinators = self._coordinators, []
         self.per_rank = []
         self._owner.forget(self)
+        if connected_session() != self._owner.session:
+            return  # its Ray is gone, and the coordinators with it (a kill now would start a new Ray)
         for actor in coordinators:
             try:
                 ray.kill(actor, no_restart=True)
@@ -80,11 +89,12 @@ class WorldSplit:
 
 
 class OpenSplits:
-    """A group's splits not yet released (released all at shutdown)."""
+    """A world's splits not yet released (all stopped when the world ends)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: List[WorldSplit] = []
+        self.session = connected_session()
 
     def open(self, data: Optional[CallData], workers: Sequence[WorkerInfo], actors: Sequence[Any]) -> Optional[WorldSplit]:
         """Split ``data`` for the world ``workers`` (ordered by rank) and queue
@@ -105,7 +115,7 @@ class OpenSplits:
                 for rank, iterator in enumerate(iterators):
                     per_rank[rank][name] = iterator
         except BaseException:
-            WorldSplit([], coordinators, self).release()
+            WorldSplit([], coordinators, self).stop()
             raise
         world = WorldSplit(per_rank, coordinators, self)
         with self._lock:
@@ -118,11 +128,22 @@ class OpenSplits:
             if world in self._open:
                 self._open.remove(world)
 
-    def close_all(self) -> None:
+    def stop(self) -> None:
         with self._lock:
             worlds = list(self._open)
         for world in worlds:
-            world.release()
+            world.stop()
+
+
+def warn_without_cpus(held: Mapping[str, Mapping[str, float]], workers: int) -> None:
+    """Log why reading would hang when no CPU is left for Ray Data's tasks."""
+    try:
+        free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
+    except Exception:  # noqa: BLE001 - only a warning: never fail a call over it
+        return
+    warning = no_cpus_for_data(free, total, sum(amounts.get("CPU", 0.0) for amounts in held.values()), workers)
+    if warning is not None:
+        logger.warning(warning)
 
 
 def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:

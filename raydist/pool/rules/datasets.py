@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Collection, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Collection, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["DataConfig", "check_dataset_names", "split_names"]
+__all__ = ["DataConfig", "check_dataset_names", "no_cpus_for_data", "split_names"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,18 @@ def split_names(names: Collection[str], config: DataConfig) -> List[str]:
     """The given datasets that are split, in the order given."""
     chosen: Sequence[str] = list(names) if config.datasets_to_split == "all" else config.datasets_to_split
     return [name for name in names if name in chosen]
+
+
+def no_cpus_for_data(free_cpus: float, total_cpus: float, group_cpus: float, workers: int) -> Optional[str]:
+    """The warning for ``datasets=`` on a cluster with no CPU slot left for
+    Ray Data's tasks (they run beside the workers, never in their slots):
+    its reads and transforms would wait for a CPU forever. None when one is free."""
+    if free_cpus >= 1:
+        return None
+    others = max(0.0, total_cpus - group_cpus - free_cpus)
+    return (
+        f"raydist: datasets= needs free CPU slots beside the workers for Ray Data's tasks, but {free_cpus:g} of "
+        f"the cluster's {total_cpus:g} CPUs are free ({group_cpus:g} held by this group's {workers} worker(s), "
+        f"{others:g} by others): reading the datasets would wait forever. Leave CPUs free: fewer workers "
+        f"(num_workers), fewer CPUs per worker (resources_per_worker={{'CPU': ...}}), or a larger Ray"
+    )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from raydist.pool.rules.batches import batch_count, batch_rows, rechunk, row_drop_bound
-from raydist.pool.rules.datasets import DataConfig, check_dataset_names, split_names
+from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
 
 
 def uneven(rows: int, rng: random.Random) -> List[dict]:
@@ -64,3 +64,19 @@ def test_which_datasets_are_split() -> None:
         DataConfig("train")
     with pytest.raises(TypeError, match="True or False"):
         DataConfig(equal=1)  # type: ignore[arg-type]
+
+
+def test_no_warning_while_a_cpu_is_free_for_ray_data() -> None:
+    assert no_cpus_for_data(free_cpus=1.0, total_cpus=4.0, group_cpus=2.0, workers=2) is None
+    assert no_cpus_for_data(free_cpus=2.0, total_cpus=4.0, group_cpus=2.0, workers=2) is None
+
+
+def test_a_cluster_with_every_cpu_held_is_named_with_cause_and_fix() -> None:
+    warning = no_cpus_for_data(free_cpus=0.0, total_cpus=4.0, group_cpus=3.0, workers=3)
+    assert warning is not None
+    assert "0 of the cluster's 4 CPUs are free" in warning
+    assert "3 held by this group's 3 worker(s), 1 by others" in warning
+    for fix in ("num_workers", "resources_per_worker", "a larger Ray"):
+        assert fix in warning
+    # Less than one CPU free: a Ray Data task (one CPU) still cannot start.
+    assert no_cpus_for_data(free_cpus=0.5, total_cpus=2.0, group_cpus=1.5, workers=3) is not None
