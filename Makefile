@@ -29,9 +29,12 @@ demo: install
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
 	$(PY) examples/ddp_raydist.py --num-workers 2 --steps 20
 
-# The unit tier (pure rules, no Ray, under a minute) and the type check run
-# before the horovod build and the live tier, so a broken rule fails fast.
+# Lint and format (ruff), the unit tier (pure rules, no Ray, under a minute)
+# and the type check run before the horovod build and the live tier, so a
+# broken rule fails fast.
 test: install-test
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests/unit
 	$(PY) -m mypy
 	$(MAKE) horovod
