@@ -274,6 +274,18 @@ def check_log_dir(value: Any) -> str:
     return path
 
 
+def check_state_dir(value: Any) -> str:
+    """A directory for committed save_state steps: a local path, not an existing file."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"state_dir must be a directory path, not {_type_name(value)} {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"state_dir must name a directory, got {value!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"state_dir {path!r} exists and is not a directory")
+    return os.path.abspath(path)
+
+
 # Ray's label syntax (Kubernetes'): a name, an optional DNS-subdomain prefix for keys.
 _LABEL_NAME = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
 _LABEL_KEY = re.compile(rf"^({_LABEL_NAME}(\.{_LABEL_NAME})*/)?{_LABEL_NAME}$")
@@ -612,6 +624,15 @@ _SPARE_WORKERS_FLAG = cli(
     "dead rank's place goes to one of them at once (with --restart-mode warm) and a used one "
     "is replaced in the background (default {default})",
 )
+_STATE_DIR_FLAG = cli(
+    "--state-dir", metavar="DIR",
+    help="also write committed save_state steps to DIR (on the driver's machine) in the background, "
+    "and resume from the newest one there when a new run starts; a step cut short is never loaded",
+)
+_STATE_KEEP_FLAG = cli(
+    "--state-keep", parse=parse_int, metavar="N",
+    help="committed steps kept in --state-dir (default {default})",
+)
 _SURVIVOR_TIMEOUT_FLAG = cli(
     "--survivor-timeout", parse=parse_seconds, metavar="SECONDS",
     help="in a warm restart, how long a surviving worker may take to return from the failed "
@@ -712,6 +733,10 @@ class RunConfig:
     survivor_timeout: seconds a surviving worker's call may take to return
         after a failure before a warm restart kills it and starts a new
         process in its place.
+    state_dir: a directory where committed ``save_state`` steps are also
+        written (by the driver's node, in the background); a new run resumes
+        from the newest one there.
+    state_keep: committed steps kept in ``state_dir``.
     """
 
     num_workers: Union[None, int, Tuple[int, int]] = field(default=None, metadata=_NUM_WORKERS_FLAG)
@@ -750,6 +775,8 @@ class RunConfig:
     restart_mode: str = field(default="warm", metadata=_RESTART_MODE_FLAG)
     spare_workers: int = field(default=0, metadata=_SPARE_WORKERS_FLAG)
     survivor_timeout: float = field(default=10.0, metadata=_SURVIVOR_TIMEOUT_FLAG)
+    state_dir: Optional[str] = field(default=None, metadata=_STATE_DIR_FLAG)
+    state_keep: int = field(default=2, metadata=_STATE_KEEP_FLAG)
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -901,6 +928,9 @@ def _check_restart_options(config: RunConfig) -> None:
     """How restarts happen: warm or fresh, spares, the survivors' bound."""
     _set(config, "restart_mode", _check_choice("restart_mode", config.restart_mode, RESTART_MODES))
     _check_int("spare_workers", config.spare_workers, 0)
+    _check_int("state_keep", config.state_keep, 1)
+    if config.state_dir is not None:
+        _set(config, "state_dir", check_state_dir(config.state_dir))
     if config.spare_workers and not config.warm_restarts:
         raise ValueError("spare_workers take dead ranks' places in warm restarts: they need restart_mode='warm'")
     if config.spare_workers and config.num_nodes is not None:

@@ -30,6 +30,7 @@ from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.restart import restart_group
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members, release
+from raydist.pool.driver.state import new_state_name, release_state, state_env
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
@@ -65,6 +66,7 @@ class WorkerGroup:
         logs: Optional[RunLogs] = None,
         node_order: Sequence[str] = (),
         restarts_used: int = 0,
+        state_name: Optional[str] = None,
         **options: Any,
     ):
         if num_workers is not None:
@@ -80,13 +82,15 @@ class WorkerGroup:
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
         self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
+        # save_state's copies: the run's (kept across its groups), or this group's own.
+        self._state_name, self._owns_state = state_name or new_state_name(), state_name is None
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
         self._diagnostics = GroupDiagnostics(self.config, lambda: self._members)
         try:
             self._builder = GroupBuilder(
                 self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order,
-                extra_env=dict(self._diagnostics.env()),
+                extra_env={**self._diagnostics.env(), **state_env(self.config, self._state_name)},
             )
             self._members = self._builder.build()
         except BaseException:
@@ -223,6 +227,8 @@ class WorkerGroup:
         members = self._members
         if members is not None and connected_session() == self._session:
             release(members, graceful and first)
+        if self._owns_state and connected_session() == self._session:
+            release_state(self._state_name)
         self._hooks.stop()
         if members is not None and members.output is not None:
             members.output.close()
