@@ -72,6 +72,9 @@ OLD_FLAGS: Dict[Tuple[str, ...], Tuple[str, Optional[str], str, Optional[Tuple[s
     ("--restart-mode",): ("restart_mode", "MODE", "_StoreAction", ("warm", "fresh")),
     ("--spare-workers",): ("spare_workers", "K", "_StoreAction", None),
     ("--survivor-timeout",): ("survivor_timeout", "SECONDS", "_StoreAction", None),
+    # Added with training state.
+    ("--state-dir",): ("state_dir", "DIR", "_StoreAction", None),
+    ("--state-keep",): ("state_keep", "N", "_StoreAction", None),
 }
 CLI_ONLY_DEFAULTS = {
     "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
@@ -90,6 +93,7 @@ OLD_FLAG_OF_OPTION = {
     "flight_recorder": "--no-flight-recorder", "post_mortem": "--post-mortem",
     "signals_to_handle": "--signals-to-handle", "shutdown_timeout": "--shutdown-timeout",
     "restart_mode": "--restart-mode", "spare_workers": "--spare-workers", "survivor_timeout": "--survivor-timeout",
+    "state_dir": "--state-dir", "state_keep": "--state-keep",
 }
 
 

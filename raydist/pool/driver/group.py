@@ -82,7 +82,6 @@ class WorkerGroup:
         self._members: Optional[Members] = None
         self._watcher: Optional[GroupWatcher] = None
         self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
-        # save_state's copies: the run's (kept across its groups), or this group's own.
         self._state_name, self._owns_state = state_name or new_state_name(), state_name is None
         connect(self.config.address, startup_timeout=self.config.startup_timeout)
         self._session = connected_session()
@@ -227,8 +226,7 @@ class WorkerGroup:
         members = self._members
         if members is not None and connected_session() == self._session:
             release(members, graceful and first)
-        if self._owns_state and connected_session() == self._session:
-            release_state(self._state_name)
+            release_state(self._state_name, owned=self._owns_state)  # save_state's copies, when this group made them
         self._hooks.stop()
         if members is not None and members.output is not None:
             members.output.close()

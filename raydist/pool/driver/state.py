@@ -37,9 +37,10 @@ def state_env(config: RunConfig, name: str) -> Dict[str, str]:
     return {SETTINGS_VAR: json.dumps(settings)}
 
 
-def release_state(name: str) -> None:
-    """Write the last committed step out, then kill the keeper (its holders die with it)."""
-    if not ray.is_initialized():
+def release_state(name: str, owned: bool = True) -> None:
+    """Write the last committed step out, then kill the keeper (its holders die with it);
+    nothing when the caller does not own the state (a group of a run)."""
+    if not owned or not ray.is_initialized():
         return
     try:
         keeper = ray.get_actor(name, namespace=NAMESPACE)
