@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 MARKER = "COMMITTED"
 META = "meta.json"
 SHARED = "shared"
-_STEP_DIR = re.compile(r"^step_(\d{12})$")
+_STEP_DIR = re.compile(r"^\.?step_(\d{12})(\.tmp-\w+)?$")  # a folder, or one being written
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,17 @@ def commit_if_complete(root: str, meta: SnapshotMeta) -> bool:
 
 
 def write_snapshot(root: str, meta: SnapshotMeta, parts: Dict[str, bytes], keep: int) -> None:
-    """A whole step from one writer (the pool's keeper), then the older ones pruned."""
+    """A whole step from one writer (the pool's keeper): a temporary folder
+    renamed into place once complete (replacing a cut-short one), then the older ones pruned."""
+    os.makedirs(root, exist_ok=True)
+    temporary = os.path.join(root, f".step_{meta.step:012d}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(temporary)
     for key, data in parts.items():
-        write_part(root, meta, key, data)
+        write_atomic(os.path.join(temporary, f"{key}.pt"), data)
+    write_atomic(os.path.join(temporary, META), meta.to_json().encode())
+    write_atomic(os.path.join(temporary, MARKER), b"")
+    shutil.rmtree(step_dir(root, meta.step), ignore_errors=True)
+    os.rename(temporary, step_dir(root, meta.step))
     prune(root, keep)
 
 
@@ -100,7 +108,7 @@ def committed_steps(root: str) -> List[int]:
     steps = []
     for name in os.listdir(root):
         match = _STEP_DIR.match(name)
-        if match and os.path.exists(os.path.join(root, name, MARKER)):
+        if match and not match.group(2) and os.path.exists(os.path.join(root, name, MARKER)):
             steps.append(int(match.group(1)))
     return sorted(steps)
 

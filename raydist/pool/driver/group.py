@@ -30,7 +30,7 @@ from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.restart import restart_group
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.startup import GroupBuilder, Members, release
-from raydist.pool.driver.state import new_state_name, release_state, state_env
+from raydist.pool.driver.state import abort_state, new_state_name, release_state, state_env
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
@@ -275,6 +275,7 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
         return output.settle(future.number, waited.results) if output is not None else waited.results
     ended = error_for(group, end, waited, limit or 0.0, grow_by)
     ended.end = ended.end or end
+    abort_state(group._state_name, group.restart_count)  # no rank waits on a step a dead rank never saves
     if not _restart_in_place(group, ended, future, waited):
         _stop_then_settle(group, future.number, waited)
     raise ended

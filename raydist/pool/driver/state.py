@@ -37,6 +37,15 @@ def state_env(config: RunConfig, name: str) -> Dict[str, str]:
     return {SETTINGS_VAR: json.dumps(settings)}
 
 
+def abort_state(name: str, world: int) -> None:
+    """Attempt ``world`` failed: ranks waiting on one of its steps to commit go on
+    (into the collective that fails them) instead of waiting for a dead rank."""
+    try:
+        ray.get_actor(name, namespace=NAMESPACE).abort.remote(world)
+    except ValueError:
+        pass  # no rank saved
+
+
 def release_state(name: str, owned: bool = True) -> None:
     """Write the last committed step out, then kill the keeper (its holders die with it);
     nothing when the caller does not own the state (a group of a run)."""

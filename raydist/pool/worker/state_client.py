@@ -89,6 +89,7 @@ class RayStateStore(StateStore):
                 locations[key] = self._store(snapshot.step, key, data, copies)
                 del data  # the rank's own object: freed once the holders copied it
             waiting = keeper.ack.remote(world, snapshot.rank, snapshot.meta.to_json(), locations)
+            ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             if ray.get(waiting):
                 with self._lock:  # the committed step is the oldest worth keeping

@@ -71,7 +71,7 @@ class StateKeeper:
         committed, aborted = self._log.ack(world, rank, meta, locations)
         self._abort(aborted)
         if committed:
-            self._committed(meta.step)
+            await self._committed(meta.step)
         return bool(await waiter)
 
     async def committed(self, world: int) -> Optional[Tuple[str, Locations]]:
@@ -91,6 +91,11 @@ class StateKeeper:
         assert self._state_dir
         return await asyncio.to_thread(state_files.read_part, self._state_dir, step, key)
 
+    async def abort(self, world: int) -> None:
+        """Attempt ``world`` failed: its uncommitted steps never will be (ranks waiting on them go on)."""
+        _, aborted = self._log.enter(world + 1)
+        self._abort(aborted)
+
     async def close(self) -> None:
         """Finish writing the last committed step to state_dir, then stop the holders."""
         if self._writer is not None:
@@ -106,14 +111,16 @@ class StateKeeper:
                     waiter.set_result(False)
                 del self._waiters[(world, step)]
 
-    def _committed(self, step: int) -> None:
+    async def _committed(self, step: int) -> None:
+        """Holders drop older steps first, then the ranks waiting on this step go on."""
+        await self.prune(step)
+        others = [holder.prune.remote(step) for _, holder in self._holders[1:]]
+        await asyncio.gather(*others, return_exceptions=True)  # a holder of a lost node has nothing to drop
         for (world, waited), waiter in list(self._waiters.items()):
             if waited <= step:
                 if not waiter.done():
                     waiter.set_result(waited == step and world == self._log.world)
                 del self._waiters[(world, waited)]
-        for _, holder in self._holders:
-            holder.prune.remote(step)  # the primary is holder 0: its own queue, after this call
         if self._state_dir and (self._writer is None or self._writer.done()):
             self._writer = asyncio.get_running_loop().create_task(self._write_durable())
 
