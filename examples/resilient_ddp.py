@@ -25,7 +25,7 @@ import raydist
 
 def train(steps: int, crash_at: Optional[int]) -> Dict[str, float]:
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        init_process_group()
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
@@ -48,6 +48,18 @@ def train(steps: int, crash_at: Optional[int]) -> Dict[str, float]:
         optimizer.step()
         raydist.save_state(step, shared=["model", "optimizer"], model=model, optimizer=optimizer)
     return {"rank": rank, "loss": float(loss)}
+
+
+def init_process_group() -> None:
+    """torchrun 2.13 keeps its agent's store across restarts, and a plain
+    init_process_group("gloo") of attempt 1 reads attempt 0's gloo addresses:
+    a prefix per attempt there (raydist gives each attempt its own port)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    prefixed = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group("gloo", store=prefixed, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
 def main() -> None:

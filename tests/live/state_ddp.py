@@ -31,7 +31,7 @@ def train(
     start of step ``crash_at`` (or, with ``block_ranks``, those ranks mark the
     step in ``marks`` and block there until their node is removed)."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        _init_process_group()
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
@@ -63,6 +63,19 @@ def train(
         raydist.save_state(step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return {"resumed": resumed, "attempt": attempt, "rank": rank, "pid": os.getpid(), "weights": weights}
+
+
+def _init_process_group() -> None:
+    """torchrun 2.13 keeps its agent's store across restarts, and a plain
+    init_process_group("gloo") of attempt 1 reads attempt 0's gloo addresses
+    ("Connection refused"): a prefix per attempt there. raydist gives every
+    attempt its own MASTER_PORT."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    prefixed = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group("gloo", store=prefixed, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
 def main() -> None:
