@@ -100,7 +100,12 @@ def overhead(mb: int, steps: int, step_ms: float) -> Dict[str, float]:
 def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] = None) -> None:
     """Train; rank 1 dies at ``crash_at`` on attempt 0; rank 0 of the next attempt
     writes when its first step after loading ended. ``disk``: torch.save/torch.load instead."""
-    if not dist.is_initialized():
+    if not dist.is_initialized() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun keeps its agent store across restarts: a prefix per attempt (see benchmarks/elastic.py).
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        prefixed = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+        dist.init_process_group("gloo", store=prefixed, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    elif not dist.is_initialized():
         dist.init_process_group("gloo")
     rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model, optimizer = build(mb)
