@@ -35,7 +35,7 @@ test: install-test
 	$(PY) -m pytest -q tests/unit
 	$(PY) -m mypy
 	$(MAKE) horovod
-	$(PY) -m pytest -q -m "not soak" tests/live
+	$(PY) -m pytest -q -m "not soak" --durations=15 tests/live
 
 # The repetition variants at the counts the acceptance lists ask for (20
 # layout runs, 30 failing runs, 200 horovod re-inits, ...): leaks and rare

@@ -40,6 +40,9 @@ _EXPORTS = {
     "WorkerGroup": "raydist.pool.driver.group",
     "WorkerFuture": "raydist.pool.driver.group",
     "WorkerInfo": "raydist.pool.driver.group",
+    "DataConfig": "raydist.pool.rules.datasets",
+    "get_dataset_shard": "raydist.pool.worker.datasets",
+    "split_dataset": "raydist.pool.worker.datasets",
     "RaydistError": "raydist.errors",
     "WorkerGroupError": "raydist.errors",
     "WorkerGroupStopped": "raydist.errors",
@@ -73,6 +76,8 @@ if TYPE_CHECKING:
         WorkerStartupTimeout,
     )
     from raydist.pool.driver.group import WorkerFuture, WorkerGroup, WorkerInfo
+    from raydist.pool.rules.datasets import DataConfig
+    from raydist.pool.worker.datasets import get_dataset_shard, split_dataset
 
 
 def __getattr__(name: str) -> Any:

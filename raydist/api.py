@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from raydist.config import RunConfig, make_config
+from raydist.pool.driver.datasets import check_datasets
 from raydist.pool.driver.group import prepare_call
 from raydist.pool.driver.runner import run_with_restarts
+from raydist.pool.rules.datasets import DataConfig
 
 
 def run(
@@ -15,6 +17,8 @@ def run(
     args: Sequence[Any] = (),
     kwargs: Optional[Mapping[str, Any]] = None,
     config: Optional[RunConfig] = None,
+    datasets: Optional[Mapping[str, Any]] = None,
+    dataset_config: Optional[DataConfig] = None,
     **options: Any,
 ) -> List[Any]:
     """Run ``fn(*args, **kwargs)`` on every worker; return the results by rank.
@@ -33,10 +37,15 @@ def run(
     new capacity, without counting. An elastic group (``num_workers=(min,
     max)``) restarts with the workers that fit then.
 
+    ``datasets``: Ray Data datasets by name; each rank reads its part with
+    ``raydist.get_dataset_shard(name)`` (``dataset_config``: which are split,
+    row-equal or every row). Each attempt gets a split of its own world.
+
     Raises WorkerGroupError (rank, node, pid and traceback of each failure;
     earlier attempts listed), WorkerGroupTimeout, WorkerStartupTimeout,
     InfeasibleResourcesError or ConnectionError; nothing is left running.
     """
     config = make_config(config, options)
+    data = check_datasets(datasets, dataset_config)
     # Checked and pickled once, before Ray is touched; every attempt sends the same bytes.
-    return run_with_restarts(config, prepare_call(fn, args, kwargs))
+    return run_with_restarts(config, prepare_call(fn, args, kwargs), data)

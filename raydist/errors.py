@@ -61,6 +61,16 @@ class RaydistError(Exception):
 
     # How the call ended, as the group classified it (see raydist.pool.rules.policy).
     end: Optional[CallEnd] = None
+    # The restart decision taken for it, once (a raydist.pool.rules.policy.Decision).
+    decision: Optional[object] = None
+    # The group replaced its failed ranks before raising: it takes calls again.
+    restarted_in_place: bool = False
+
+    def note_restarted_in_place(self, attempt: int) -> None:
+        """Say (attribute and message) that the group restarted in place as ``attempt``."""
+        self.restarted_in_place = True
+        first = str(self.args[0]) if self.args else ""
+        self.args = (f"{first}\n(the group restarted in place: attempt {attempt} runs and takes calls)", *self.args[1:])
 
 
 @dataclass(frozen=True)

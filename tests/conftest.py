@@ -1,12 +1,23 @@
-"""Shared fixtures: one local Ray per test session (start-up costs seconds),
-and simulated multi-node clusters for the tests that need node layouts."""
+"""Shared fixtures and checks for both tiers (see tests/README.md).
+
+- ``ray_local``: one local Ray with 4 CPUs, started once, shared by every
+  test that asks for it.
+- ``cluster``: a simulated multi-node cluster of the shape the test's
+  ``@pytest.mark.nodes(head, *others)`` names; a warm one of the same shape
+  is reused (starting one costs ~6 s), and the live tier is ordered so that
+  tests needing the same Ray run together.
+- ``assert_nothing_left()``: the one leak check (actors, placement groups,
+  worker processes, their files, the driver's listening ports).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import pytest
 
@@ -17,6 +28,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), s
 sys.path[:0] = [str(REPO / "tests")]
 
 LOCAL_CPUS = 4
+RAYDIST_ACTORS = ("RayWorker", "NodeAgent")
 
 
 def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
@@ -25,7 +37,12 @@ def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
     return pytest.mark.parametrize(
         "repeat", [pytest.param(quick, id=f"x{quick}"), pytest.param(soak, id=f"x{soak}", marks=pytest.mark.soak)]
     )
-_current: Dict[str, object] = {"kind": None, "cluster": None}
+
+
+# -- the one Ray this test process is attached to --------------------------
+
+# kind: None, "local" or the repr of a cluster's node list (its shape).
+_current: Dict[str, Any] = {"kind": None, "cluster": None, "nodes": None}
 
 
 def _shutdown_current() -> None:
@@ -37,8 +54,8 @@ def _shutdown_current() -> None:
         ray.shutdown()
     cluster = _current["cluster"]
     if cluster is not None:
-        cluster.shutdown()  # type: ignore[attr-defined]
-    _current.update(kind=None, cluster=None)
+        cluster.shutdown()
+    _current.update(kind=None, cluster=None, nodes=None)
 
 
 def use_local_ray() -> None:
@@ -53,38 +70,81 @@ def use_local_ray() -> None:
 
 
 @pytest.fixture
-def ray_local() -> Iterator[None]:
+def ray_local() -> None:
     """A local Ray with 4 CPUs, started once and shared by every test that uses it."""
     use_local_ray()
-    yield
 
 
-def start_cluster(nodes: List[Dict[str, object]]) -> object:
+def _still_has_shape(nodes: List[Dict[str, Any]]) -> bool:
+    """The warm cluster still has as many live nodes and CPUs as it was started
+    with (a test that removed a node and did not add it back leaves it smaller)."""
+    import ray
+
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    cpus = sum(node["Resources"].get("CPU", 0) for node in alive)
+    return len(alive) == len(nodes) and cpus == sum(node.get("num_cpus", 0) for node in nodes)
+
+
+def start_cluster(nodes: List[Dict[str, Any]]) -> Any:
     """A simulated multi-node cluster (several raylets on this machine); the
-    first entry is the head node. Replaces whatever Ray this process had."""
+    first entry is the head node. A warm cluster of the same shape is reused;
+    anything else this process was attached to is shut down first."""
     import ray
     from ray.cluster_utils import Cluster
 
+    kind = repr(nodes)
+    if _current["kind"] == kind and ray.is_initialized() and _still_has_shape(nodes):
+        return _current["cluster"]
     _shutdown_current()
     cluster = Cluster(initialize_head=True, head_node_args=dict(nodes[0], include_dashboard=False))
+    _current.update(cluster=cluster)  # a start that fails half-way is still shut down
     for node in nodes[1:]:
         cluster.add_node(**node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
-    _current.update(kind="cluster", cluster=cluster)
+    _current.update(kind=kind, nodes=nodes)
     return cluster
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Any:
+    """The simulated cluster named by the test's (or its module's)
+    ``@pytest.mark.nodes(head, *others)``: each argument a node's
+    ``Cluster.add_node`` keywords. Returns the ``ray.cluster_utils.Cluster``."""
+    marker = request.node.get_closest_marker("nodes")
+    assert marker is not None and marker.args, "the cluster fixture needs @pytest.mark.nodes(head, *other_nodes)"
+    return start_cluster(list(marker.args))
+
+
+def _ray_need(item: pytest.Item) -> Tuple[int, str]:
+    """(0, '') for no Ray of this process, (1, '') for the local Ray, (2, shape) for a cluster."""
+    names = getattr(item, "fixturenames", ())
+    marker = item.get_closest_marker("nodes")
+    if marker is not None and "cluster" in names:
+        return (2, repr(list(marker.args)))
+    return (1, "") if "ray_local" in names else (0, "")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Tests that need the same Ray run together: those that need none of this
+    process's Rays first, then the local Ray's, then each cluster shape in
+    turn. A test that needs no Ray stays with the first Ray its module needs,
+    so the module's own fixtures are set up once."""
+    needs = {item: _ray_need(item) for item in items}
+    first_of_module: Dict[str, Tuple[int, str]] = {}
+    for item, need in needs.items():
+        if need[0]:
+            module = item.nodeid.split("::")[0]
+            first_of_module[module] = min(first_of_module.get(module, need), need)
+    order = {item: needs[item] if needs[item][0] else first_of_module.get(item.nodeid.split("::")[0], (0, "")) for item in items}
+    items.sort(key=order.__getitem__)  # stable: a module keeps its order within each group
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _shutdown_current()
 
 
-def live_raydist_actors() -> List[object]:
-    """raydist's actors (workers and node agents) that are not dead (via Ray's state API)."""
-    from ray.util.state import list_actors
-
-    actors = list_actors(address=ray_address(), filters=[("state", "!=", "DEAD")])
-    return [a for a in actors if a.class_name in ("RayWorker", "NodeAgent")]
+# -- what Ray and the machine hold -----------------------------------------
 
 
 def ray_address() -> str:
@@ -94,15 +154,113 @@ def ray_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
+def _raydist_actor_table() -> List[Dict[str, Any]]:
+    """raydist's actors (workers and node agents), dead or alive, read from the
+    GCS (works without a dashboard, so on simulated clusters too)."""
+    import ray
+
+    table = ray._private.state.actors()
+    return [a for a in table.values() if a["ActorClassName"].split(".")[-1] in RAYDIST_ACTORS]
+
+
+def live_raydist_actors() -> List[Dict[str, Any]]:
+    """raydist's actors that are not dead (GCS rows: ActorClassName, Pid, State, ...)."""
+    return [a for a in _raydist_actor_table() if a["State"] != "DEAD"]
+
+
+def raydist_actors_ever_created() -> int:
+    """How many of raydist's worker actors this Ray has seen, dead or alive."""
+    return sum(1 for a in _raydist_actor_table() if a["ActorClassName"].endswith("RayWorker"))
+
+
 def live_placement_groups() -> List[str]:
     import ray
 
     return [pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"]
 
 
-def raydist_actors_ever_created() -> int:
-    """How many of raydist's worker actors this Ray has seen, dead or alive."""
-    from ray.util.state import list_actors
+def raydist_files_of(pids: Iterable[int]) -> List[str]:
+    """Files under the temp directory's raydist folders that name one of ``pids``."""
+    wanted = {str(pid) for pid in pids}
+    found = []
+    tmp = tempfile.gettempdir()
+    for top in (name for name in os.listdir(tmp) if "raydist" in name):
+        for root, _, names in os.walk(os.path.join(tmp, top)):
+            found += [os.path.join(root, n) for n in names if wanted & set(_numbers_in(n))]
+    return found
 
-    actors = list_actors(address=ray_address(), limit=10_000, raise_on_missing_output=False)
-    return sum(1 for a in actors if "RayWorker" in a.class_name)
+
+def _numbers_in(name: str) -> List[str]:
+    digits = "".join(c if c.isdigit() else " " for c in name)
+    return digits.split()
+
+
+def listening_ports() -> Set[int]:
+    """TCP ports this (driver) process listens on."""
+    import psutil
+
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _live_actor_processes(pids: Iterable[int]) -> List[str]:
+    """Those of ``pids`` that still run as a Ray worker process (a pid the OS
+    gave to another program since does not count)."""
+    import psutil
+
+    alive = []
+    for pid in set(pids):
+        try:
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("ray::"):
+                alive.append(f"pid {pid} ({process.name()})")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return alive
+
+
+def _ray_leftovers() -> List[str]:
+    found = [f"actor {a['ActorClassName']} pid {a['Pid']} {a['State']}" for a in live_raydist_actors()]
+    return found + [f"placement group {pg}" for pg in live_placement_groups()]
+
+
+def _machine_leftovers(ports_before: Optional[Set[int]], files: bool) -> List[str]:
+    pids = [a["Pid"] for a in _raydist_actor_table() if a["Pid"]]
+    found = [f"process {line}" for line in _live_actor_processes(pids)]
+    if files:
+        found += [f"file {path}" for path in raydist_files_of(pids)]
+    if ports_before is not None:
+        found += [f"listening port {port}" for port in sorted(listening_ports() - ports_before)]
+    return found
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # polling state the code under test changes, with a deadline
+
+
+def _settled(find: Callable[[], List[str]], timeout: float) -> List[str]:
+    """What ``find`` still reports after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    found = find()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.2)  # teardown the code under test started: poll, with a deadline
+        found = find()
+    return found
+
+
+def assert_nothing_left(
+    ports_before: Optional[Set[int]] = None, files: bool = True, within: float = 0.0, exit_s: float = 30.0
+) -> None:
+    """The one leak check, after a group or run has ended: no raydist actor
+    alive and no placement group (at once, or ``within`` seconds where the
+    end is asynchronous, as after a restart); no process of any raydist actor
+    this Ray ran, none of their files under the temp directory's raydist
+    folders (``files=False`` where a test SIGKILLed a worker, whose files the
+    next start on that machine removes), and, given ``ports_before``, no new
+    listening port in the driver, within ``exit_s`` (processes exit
+    asynchronously)."""
+    found = _settled(_ray_leftovers, within)
+    found += _settled(lambda: _machine_leftovers(ports_before, files), exit_s)
+    assert found == [], "left behind:\n" + "\n".join(found)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, Mapping, Optional, Tuple
 
 from raydist.errors import CallEnd, CollectiveEntry
 
@@ -124,10 +124,29 @@ class WorkerSpec:
 
 
 class GroupPhase(enum.Enum):
-    """Where a worker group is in its life; changed under the group's short lock."""
+    """Where a worker group is in its life; changed under the group's short
+    lock, only along ``PHASE_TRANSITIONS`` (``check_transition``)."""
 
-    STARTING = "starting"
-    RUNNING = "running"
-    RESTARTING = "restarting"  # a warm restart changes the world: calls wait for the new one
-    SHUTTING_DOWN = "shutting down"
-    CLOSED = "closed"
+    STARTING = "starting"  # the first world is being built
+    RUNNING = "running"  # a world takes calls
+    RESTARTING = "restarting"  # a warm restart builds the next world: calls wait for it
+    SHUTTING_DOWN = "shutting down"  # releasing everything; entered once, by shutdown, cancel or growth
+    CLOSED = "closed"  # nothing left
+
+
+# Every move a group's phase may make (from, to); any other is a bug.
+PHASE_TRANSITIONS: FrozenSet[Tuple[GroupPhase, GroupPhase]] = frozenset({
+    (GroupPhase.STARTING, GroupPhase.RUNNING),
+    (GroupPhase.STARTING, GroupPhase.SHUTTING_DOWN),  # the start failed, or shutdown() from another thread
+    (GroupPhase.RUNNING, GroupPhase.RESTARTING),
+    (GroupPhase.RUNNING, GroupPhase.SHUTTING_DOWN),
+    (GroupPhase.RESTARTING, GroupPhase.RUNNING),  # the next world is installed
+    (GroupPhase.RESTARTING, GroupPhase.SHUTTING_DOWN),  # a shutdown wins over the restart
+    (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED),
+})
+
+
+def check_transition(current: GroupPhase, to: GroupPhase) -> None:
+    """Refuse a phase change that ``PHASE_TRANSITIONS`` does not list."""
+    if (current, to) not in PHASE_TRANSITIONS:
+        raise RuntimeError(f"a worker group cannot go from {current.value} to {to.value}")

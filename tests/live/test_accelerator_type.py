@@ -13,19 +13,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 import ray
 import ray.cloudpickle
-from conftest import live_placement_groups, start_cluster
+from conftest import live_placement_groups
 
 import raydist
 from raydist import cli
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-pytestmark = pytest.mark.timeout(300)
 
 HEAD = {"num_cpus": 1}
 GPU_NODES = [
@@ -34,10 +32,7 @@ GPU_NODES = [
     {"num_cpus": 2, "num_gpus": 2, "resources": {"accelerator_type:H100": 1}},
 ]
 
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([HEAD, *GPU_NODES])
+pytestmark = [pytest.mark.timeout(300), pytest.mark.nodes(HEAD, *GPU_NODES)]
 
 
 def types_by_node() -> Dict[str, str]:

@@ -14,7 +14,8 @@ import pytest
 from conftest import live_placement_groups, raydist_actors_ever_created
 
 import raydist
-from raydist.config import OPTION_NAMES, RunConfig, check_call, make_config
+from raydist.config import OPTION_NAMES, RunConfig, make_config
+from raydist.pool.driver.call_check import check_call
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+from conftest import ray_address
 
 pexpect = pytest.importorskip("pexpect")
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-pytestmark = pytest.mark.timeout(240)
-START_S = 120  # a private Ray and two workers from nothing, on a busy machine
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+START_S = 120  # two workers from nothing, on a busy machine
 
 
 def _env() -> Dict[str, str]:
@@ -29,7 +30,8 @@ def _env() -> Dict[str, str]:
 
 
 def _raydist_run(*args: str) -> list:
-    return [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "2", "--accelerator", "cpu", *args]
+    # Attached to the session's Ray: what is tested is pdb, not the start of a private Ray.
+    return [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "2", "--accelerator", "cpu", *args]
 
 
 def _debug_rank_one(child: "pexpect.spawn") -> None:

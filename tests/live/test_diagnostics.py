@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from conftest import live_placement_groups, live_raydist_actors
+from conftest import assert_nothing_left
 
 import raydist
 
@@ -48,7 +48,7 @@ def test_a_dead_rank_is_reported_with_its_cause_and_last_stderr_lines(how: str, 
     assert f"rank 1 last words before {how}" in (error.root_cause.output or ""), str(error)
     message = str(error)
     assert "root cause: rank 1 on node" in message and f"last words before {how}" in message
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 # -- live: where hung ranks are ------------------------------------------------
@@ -75,7 +75,7 @@ def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
     assert rank_one.startswith(" in wait at threading.py") and "from waiting_for_a_file_that_never_comes at test_diagnostics.py" in rank_one, stacks
     assert "<-- differs" in rank_one and "<-- differs" not in stacks.split("rank 1:")[0], stacks
     assert "rank 0: in barrier" in str(caught.value)
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -92,7 +92,7 @@ def test_stacks_of_a_live_group_without_stopping_it() -> None:
         assert future.cancel()
         with pytest.raises(raydist.WorkerCallCancelled):
             future.result()
-    assert live_raydist_actors() == []
+    assert_nothing_left()
 
 
 # -- live: values that cannot come back ----------------------------------------
@@ -130,7 +130,7 @@ def test_a_horovod_rank_that_aborts_inside_hvd_init_is_reported_with_its_cause()
     root = caught.value.root_cause
     assert root.died == "killed by SIGABRT (aborted)", str(caught.value)
     assert "Unable to find address for: nonexistent0" in (root.output or ""), str(caught.value)
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 def raise_in_user_code() -> None:

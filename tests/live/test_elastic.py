@@ -21,22 +21,16 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, live_placement_groups, start_cluster
+from conftest import REPO, live_placement_groups
 
 import raydist
 
-pytestmark = pytest.mark.timeout(240)
-
 NODE = {"num_cpus": 2}
+pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(NODE, NODE, NODE)]
 BIN = Path(sys.executable).parent
 
 
 # -- on a live cluster ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([NODE, NODE, NODE])
 
 
 def node_ids_in_order(cluster: Any) -> List[str]:
@@ -165,8 +159,12 @@ def test_losing_a_node_restarts_with_the_workers_that_fit(cluster: Any, tmp_path
 
 
 def test_a_node_that_joins_is_used_after_a_restart_to_grow(cluster: Any, tmp_path: Path) -> None:
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    assert len(alive) == 2, "runs after the node-loss test"
+    # Start from two nodes, whichever test ran on this cluster before.
+    extra = len([n for n in ray.nodes() if n["Alive"]]) - 2
+    for node in list(cluster.worker_nodes)[:extra]:
+        cluster.remove_node(node)
+    cluster.wait_for_nodes()
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), restart_to_grow=True)
     wait_for_files(tmp_path, 4)
     cluster.add_node(**NODE)

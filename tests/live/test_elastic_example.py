@@ -25,10 +25,11 @@ from typing import Any, Dict, Iterator
 
 import pytest
 import torch
-from conftest import REPO, start_cluster
+from conftest import REPO
 
 EXAMPLE = REPO / "examples" / "elastic_ddp.py"
 NODE = {"num_cpus": 2}
+pytestmark = pytest.mark.nodes(NODE, NODE, NODE)  # for the tests that take the `cluster` fixture
 STEPS, EVERY = 30, 5
 PREFIX = r"^(?:\(rank=0 pid=\d+\) )?"  # raydist prefixes each line with its rank
 FINAL = re.compile(PREFIX + r"final: step (\d+) world (\d+) loss ([0-9.]+)$", re.M)
@@ -121,11 +122,6 @@ def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, 
     else:
         assert 15 <= int(warned.group(1)) <= 20
     assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == step
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([NODE, NODE, NODE])
 
 
 @pytest.mark.timeout(150)

@@ -14,7 +14,7 @@ from typing import Any, List
 import pytest
 import ray
 import torch.distributed as dist
-from conftest import REPO, repeats, live_placement_groups, live_raydist_actors, start_cluster
+from conftest import REPO, assert_nothing_left, live_raydist_actors, repeats
 
 import raydist
 
@@ -22,11 +22,6 @@ pytestmark = pytest.mark.timeout(180)
 
 DETECTION_BOUND_S = 5.0
 INFEASIBLE_BOUND_S = 10.0
-
-
-def assert_nothing_left() -> None:
-    assert live_raydist_actors() == []
-    assert live_placement_groups() == []
 
 
 def block_forever() -> None:
@@ -207,7 +202,7 @@ def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> N
     try:
         wait_for_line(driver, "worker ready", ready)
         if ready == 2:
-            assert sorted(a.class_name for a in live_raydist_actors()) == ["RayWorker", "RayWorker"]  # no node agent here
+            assert sorted(a["ActorClassName"] for a in live_raydist_actors()) == ["RayWorker", "RayWorker"]  # no node agent here
         start = time.monotonic()
         driver.send_signal(signal.SIGINT)
         output = driver.communicate(timeout=30)[0]
@@ -240,12 +235,8 @@ def test_ctrl_c_in_a_python_driver_kills_every_worker() -> None:
 # -- infeasible requests: a cluster with 2 (fake) GPUs -------------------------
 
 
-@pytest.fixture(scope="module")
-def two_gpu_cluster() -> None:
-    start_cluster([{"num_cpus": 4, "num_gpus": 2}])
-
-
-@pytest.mark.usefixtures("two_gpu_cluster")
+@pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
+@pytest.mark.usefixtures("cluster")
 def test_more_gpus_than_the_cluster_has_fails_fast() -> None:
     start = time.monotonic()
     with pytest.raises(raydist.InfeasibleResourcesError) as caught:
@@ -253,10 +244,11 @@ def test_more_gpus_than_the_cluster_has_fails_fast() -> None:
     assert time.monotonic() - start < INFEASIBLE_BOUND_S
     message = str(caught.value)
     assert "8 workers" in message and "GPU: 8" in message and "GPU: 2" in message
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
-@pytest.mark.usefixtures("two_gpu_cluster")
+@pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
+@pytest.mark.usefixtures("cluster")
 def test_bundle_bigger_than_any_node_fails_fast() -> None:
     start = time.monotonic()
     with pytest.raises(raydist.InfeasibleResourcesError) as caught:
@@ -265,7 +257,8 @@ def test_bundle_bigger_than_any_node_fails_fast() -> None:
     assert "CPU: 64" in str(caught.value) and "CPU: 4" in str(caught.value)
 
 
-@pytest.mark.usefixtures("two_gpu_cluster")
+@pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
+@pytest.mark.usefixtures("cluster")
 def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> None:
     with raydist.WorkerGroup(2, accelerator="gpu"):  # holds both GPUs
         start = time.monotonic()
@@ -276,10 +269,11 @@ def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> Non
     message = str(caught.value)
     assert "of {CPU: 1, GPU: 1} each" in message and "GPU: 0}" in message.split("currently free", 1)[1]
     assert "bundle_group" not in message and "_group_" not in message
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
-@pytest.mark.usefixtures("two_gpu_cluster")
+@pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
+@pytest.mark.usefixtures("cluster")
 def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     from raydist.pool.cluster import ray_private
 
@@ -290,7 +284,7 @@ def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(mon
         raydist.run(lambda: None, num_workers=8, accelerator="gpu", startup_timeout=2)
     assert time.monotonic() - start >= 2  # it waited for nodes that might come
     assert "GPU: 2" in str(caught.value)
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import live_placement_groups, live_raydist_actors
+from conftest import assert_nothing_left
 
 import raydist
 from raydist.core.environment import torchrun_env
@@ -103,7 +103,7 @@ def test_worker_group_reuses_one_process_group_across_calls() -> None:
         assert future.result(timeout=60) == [5, 105]
         assert future.done()
         assert not future.cancel()  # already finished: nothing to cancel
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
 def wait_done(future: "raydist.WorkerFuture", timeout: float = 60) -> None:
@@ -125,7 +125,7 @@ def test_a_finished_calls_values_survive_the_cancel_of_a_later_call() -> None:
             later.result(timeout=30)
     finally:
         group.shutdown()
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_results_of_any_picklable_kind_come_back() -> None:
@@ -148,14 +148,13 @@ def test_failed_run_names_rank_and_node_and_leaves_nothing_behind() -> None:
     assert error.root_cause.rank == 1
     assert "ValueError: bad batch on rank one" in str(error)
     assert "rank 1" in str(error) and error.root_cause.node_id[:12] in str(error)
-    assert live_raydist_actors() == []
-    assert live_placement_groups() == []
+    assert not error.restarted_in_place and "restarted in place" not in str(error)
+    assert_nothing_left()
 
 
 def test_successful_run_leaves_nothing_behind() -> None:
     raydist.run(lambda: None, num_workers=2)
-    assert live_raydist_actors() == []
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_default_num_workers_is_one_per_cpu_slot() -> None:
@@ -163,3 +162,9 @@ def test_default_num_workers_is_one_per_cpu_slot() -> None:
 
     results: List[int] = raydist.run(dist.get_world_size)
     assert results == [int(ray.cluster_resources()["CPU"])] * len(results)
+
+
+@pytest.mark.parametrize("internal", ["restart_count", "logs", "node_order", "restarts_used"])
+def test_the_public_constructor_takes_only_public_options(internal: str) -> None:
+    with pytest.raises(TypeError, match=f"unexpected option.*'{internal}'"):
+        raydist.WorkerGroup(2, **{internal: 1})  # refused before Ray is touched

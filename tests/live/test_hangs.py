@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import live_placement_groups, live_raydist_actors
+from conftest import assert_nothing_left, ray_address
 
 import raydist
 
@@ -38,7 +38,7 @@ def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numb
         raydist.run(rank_two_skips_the_sixth, num_workers=4, timeout=8, resources_per_worker=QUARTER_CPU)
     assert caught.value.collectives == SKIPPED
     assert SKIPPED in str(caught.value) and "in all_reduce at distributed_c10d.py" in str(caught.value)
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_a_different_op_at_the_same_sequence_number_is_named_as_a_mismatch() -> None:
@@ -53,7 +53,7 @@ def test_a_process_group_timeout_reports_where_each_rank_was() -> None:
     expected = "failed in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
     assert caught.value.collectives.endswith(expected), str(caught.value)
     assert expected in str(caught.value)
-    assert live_raydist_actors() == []
+    assert_nothing_left()
 
 
 def rank_one_waits_outside() -> None:
@@ -104,7 +104,7 @@ def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
+        [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
          "--timeout", "10", str(script)],
         env=env, capture_output=True, text=True, timeout=200,
     )

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import ray
 import torch
-from conftest import REPO, repeats, live_placement_groups, live_raydist_actors, start_cluster
+from conftest import REPO, assert_nothing_left, repeats
 
 import raydist
 from raydist.backends.horovod.worker import interface_for_ip
@@ -74,8 +74,7 @@ def test_one_group_runs_several_horovod_calls_and_shuts_down_cleanly() -> None:
         # No torch process group: the object collectives can only have gone through horovod.
         assert group.run(collectives_use_horovod) == [True, True]
     assert rendezvous_threads() == before
-    assert live_raydist_actors() == []
-    assert live_placement_groups() == []
+    assert_nothing_left()
 
 
 def reinit_and_allreduce(iterations: int) -> List[float]:
@@ -180,8 +179,9 @@ def test_horovod_example_trains() -> None:
     assert "final loss" in completed.stdout
 
 
+@pytest.mark.nodes({"num_cpus": 2}, {"num_cpus": 2})
+@pytest.mark.usefixtures("cluster")
 def test_two_node_layout_matches_horovod_local_and_cross_ranks() -> None:
-    start_cluster([{"num_cpus": 2}, {"num_cpus": 2}])
     results = raydist.run(horovod_view, num_workers=4, backend="horovod", placement_strategy="SPREAD")
     node_of = {}
     for rank, result in enumerate(results):

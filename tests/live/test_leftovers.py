@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 from typing import List, Optional, Set
 
-import psutil
 import pytest
 import ray
 import torch.distributed as dist
-from conftest import REPO, repeats
+from conftest import REPO, listening_ports, raydist_files_of, repeats
 
 import raydist
 
@@ -30,20 +29,6 @@ def pid_or_fail(index: int) -> int:
     if index % 4 == 1 and dist.get_rank() == 1:
         os._exit(5)  # a death leaves an exit note
     return os.getpid()
-
-
-def raydist_files_of(pids: Set[int]) -> List[str]:
-    """Files under the temp directory's raydist folders that name one of ``pids``."""
-    found = []
-    for root, _, names in os.walk(tempfile.gettempdir()):
-        if "raydist" not in root:
-            continue
-        found += [os.path.join(root, n) for n in names if any(str(pid) in n for pid in pids)]
-    return found
-
-
-def listening_ports() -> Set[int]:
-    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def new_threads(before: Set[Optional[int]]) -> List[str]:

@@ -10,27 +10,20 @@ initialises and communicates.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import start_cluster
 
 import raydist
 from raydist.core.accelerators import BY_NAME
 
-pytestmark = pytest.mark.timeout(240)
-
 HEAD = {"num_cpus": 4, "num_gpus": 4, "resources": {"NPU": 4}}
 SMALL = {"num_cpus": 2, "num_gpus": 2, "resources": {"NPU": 2}}
 
-
-@pytest.fixture(scope="module")
-def uneven_cluster() -> Iterator[None]:
-    start_cluster([HEAD, SMALL])
-    yield
+pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(HEAD, SMALL), pytest.mark.usefixtures("cluster")]
 
 
 def where_am_i(kind: str) -> Dict[str, Any]:
@@ -74,7 +67,6 @@ def check_every_rank(results: List[Dict[str, Any]], workers: List[Any], num_work
     return by_node
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_one_gpu_per_worker_over_both_nodes_device_index_is_local_rank() -> None:
     with raydist.WorkerGroup(None) as group:  # None: one worker per GPU (4 + 2)
         results = group.run(where_am_i, args=("gpu",))
@@ -84,7 +76,6 @@ def test_one_gpu_per_worker_over_both_nodes_device_index_is_local_rank() -> None
     assert all(r["device_index"] == r["local_rank"] for r in results)  # torchrun's cuda:LOCAL_RANK holds
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_two_gpus_per_worker_each_rank_uses_its_own_first_gpu() -> None:
     with raydist.WorkerGroup(3, resources_per_worker={"GPU": 2}) as group:
         results = group.run(where_am_i, args=("gpu",))
@@ -95,7 +86,6 @@ def test_two_gpus_per_worker_each_rank_uses_its_own_first_gpu() -> None:
     assert [r["device_index"] for r in results if r["local_rank"] == 1] == [2]
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_half_a_gpu_per_worker_sharing_workers_get_the_same_device() -> None:
     with raydist.WorkerGroup(4, resources_per_worker={"GPU": 0.5, "CPU": 0.5}, placement_strategy="STRICT_PACK") as group:
         results = group.run(where_am_i, args=("gpu",))
@@ -107,7 +97,6 @@ def test_half_a_gpu_per_worker_sharing_workers_get_the_same_device() -> None:
         assert len(result["visible"]) == len(set(result["visible"]))  # listed once
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_two_npus_per_worker_set_ascend_visible_devices() -> None:
     with raydist.WorkerGroup(3, accelerator="npu", resources_per_worker={"NPU": 2}) as group:
         results = group.run(where_am_i, args=("npu",))
@@ -121,7 +110,6 @@ def device_index_or_none() -> Optional[int]:
     return raydist.get_context().device_index
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_cpu_workers_have_no_device_index() -> None:
     assert raydist.run(device_index_or_none, num_workers=2, accelerator="cpu") == [None, None]
 
@@ -135,7 +123,6 @@ def abort_on_the_second_node() -> None:
     dist.barrier()
 
 
-@pytest.mark.usefixtures("uneven_cluster")
 def test_a_rank_that_dies_on_another_node_is_explained_from_that_node() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
         raydist.run(abort_on_the_second_node, num_workers=6, accelerator="cpu")

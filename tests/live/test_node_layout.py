@@ -14,12 +14,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import ray
 import ray.cloudpickle
-from conftest import live_placement_groups, repeats, start_cluster
+from conftest import live_placement_groups, repeats
 
 import raydist
 from raydist import cli
@@ -27,10 +27,9 @@ from raydist import cli
 # Workers unpickle this module's functions by value: tests/live is not on their path.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-pytestmark = pytest.mark.timeout(600)
-
 HEAD = {"num_cpus": 4, "labels": {"zone": "a"}}
 NODES = [{"num_cpus": 4, "labels": {"zone": "a"}}, {"num_cpus": 4, "labels": {"zone": "b"}}]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.nodes(HEAD, *NODES)]
 QUICK_FAIL_S = 10.0
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT")
@@ -43,11 +42,6 @@ out["node_id"] = ray.get_runtime_context().get_node_id()
 with open(os.path.join(sys.argv[1], "rank-" + os.environ["RANK"] + ".json"), "w") as f:
     json.dump(out, f)
 """ % (ENV_KEYS,)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([HEAD, *NODES])
 
 
 def seen(marker_dir: Optional[str] = None) -> Dict[str, Any]:

@@ -5,8 +5,10 @@ in its log directory."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import List
 
@@ -71,3 +73,38 @@ def test_a_failing_ranks_traceback_and_error_file_are_in_its_log_directory(tmp_p
     assert "shard 1 is corrupt" in json.dumps(error)
     assert f"(error file {rank_one / 'error.json'}: ValueError: shard 1 is corrupt (recorded))" in result.stderr
     assert not (rank_zero / "error.json").exists()
+
+
+HANDLERS = """
+import atexit
+def first(): print("first ran")
+def broken(): raise ValueError("broken at exit")
+def last(): print("last ran")
+atexit.register(first)
+atexit.register(broken)
+atexit.register(last)
+atexit.register(print, "unregistered")
+atexit.unregister(print)
+"""
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x…", re.sub(r'File "[^"]+"', 'File "…"', text))
+
+
+def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
+    at_exit = subprocess.run([sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=60)
+    recorded = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent("""
+            from raydist.pool.worker import exit_hooks
+            exit_hooks.install_recorder()
+            exec(compile(open(0).read(), "<string>", "exec"))
+            exit_hooks.run_recorded()
+            print("after the script")
+            exit_hooks.run_recorded()  # nothing twice
+        """)],
+        input=HANDLERS, capture_output=True, text=True, timeout=60,
+    )
+    assert at_exit.stdout == "last ran\nfirst ran\n"
+    assert recorded.stdout == "last ran\nfirst ran\nafter the script\n"  # and not again at the real exit
+    assert _normalised(recorded.stderr) == _normalised(at_exit.stderr), recorded.stderr + at_exit.stderr

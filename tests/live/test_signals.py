@@ -13,7 +13,7 @@ from typing import Tuple
 
 import pytest
 import ray
-from conftest import REPO, live_placement_groups, live_raydist_actors
+from conftest import REPO, assert_nothing_left
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
 
@@ -65,7 +65,7 @@ def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["term-0", "term-1"]
     assert "rank 0 saved its state" in output and "rank 1 saved its state" in output
     assert elapsed < STOP_BOUND_S
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()
 
 
 def test_the_wait_after_forwarding_is_bounded_by_shutdown_timeout(tmp_path: Path) -> None:
@@ -75,4 +75,4 @@ def test_the_wait_after_forwarding_is_bounded_by_shutdown_timeout(tmp_path: Path
     assert driver.returncode == 1, output
     assert "got SIGUSR1" in output
     assert 2 <= elapsed < 2 + STOP_BOUND_S
-    assert live_raydist_actors() == [] and live_placement_groups() == []
+    assert_nothing_left()

@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import pytest
 import ray
 import torch.distributed as dist
-from conftest import REPO, live_placement_groups, live_raydist_actors
+from conftest import REPO, assert_nothing_left, live_raydist_actors
 
 import raydist
 
@@ -30,11 +30,6 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
 
 SCRIPTS = REPO / "tests" / "scripts"
 RUN_TIMEOUT_S = 120
-
-
-def assert_nothing_left() -> None:
-    assert live_raydist_actors() == []
-    assert live_placement_groups() == []
 
 
 def raydist_run(*args: str) -> subprocess.CompletedProcess:

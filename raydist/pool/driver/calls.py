@@ -5,30 +5,29 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 import ray.cloudpickle
 
-from raydist.config import check_call, check_seconds
+from raydist.config import check_seconds
 from raydist.errors import (
     RaydistError,
     WorkerCallCancelled,
+    WorkerFailure,
     WorkerGroupClosed,
     WorkerGroupError,
     WorkerGroupStopped,
     WorkerGroupTimeout,
 )
 from raydist.pool.driver import signals
-from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.waiting import Waited
+from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, Outcome
-from raydist.pool.rules.policy import classify_end
 
-if TYPE_CHECKING:
-    from raydist.pool.driver.group import WorkerGroup
-
-__all__ = ["INLINE_CALL_BYTES", "WorkerFuture", "error_for", "forward_signal", "prepare_call"]
+__all__ = ["INLINE_CALL_BYTES", "CallHooks", "WorkerFuture", "error_for", "forward_signal", "prepare_call"]
 
 logger = logging.getLogger("raydist")
 
@@ -53,6 +52,15 @@ def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optio
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
 
 
+@dataclass(frozen=True)
+class CallHooks:
+    """What a future needs of its group, and nothing more."""
+
+    finish: Callable[["WorkerFuture", Optional[float]], List[Any]]  # wait; the values, or raise (restarting as the policy says)
+    check_session: Callable[[], None]  # raises once the group's Ray is gone
+    cancel: Callable[[], None]  # stop the group, the call cancelled
+
+
 class WorkerFuture:
     """The pending result of ``WorkerGroup.submit``: one value per rank.
 
@@ -60,18 +68,22 @@ class WorkerFuture:
     ``TimeoutError`` and leaves the call running; the group's own
     ``timeout`` option is what tears a call down."""
 
-    def __init__(self, group: "WorkerGroup", refs: List[ray.ObjectRef], actors: List[Any], number: int):
-        self._group = group
-        self.refs, self.actors, self.number = refs, actors, number
-        limit = group.config.timeout
-        self.deadline = None if limit is None else time.monotonic() + limit  # the group's timeout
+    def __init__(
+        self, hooks: CallHooks, world: World, refs: List[ray.ObjectRef], number: int, deadline: Optional[float],
+        split: Optional[Attachment] = None,
+    ):
+        self._hooks = hooks
+        self._split = split  # the call's dataset split (kept with its world too), stopped when the call ends
+        self.world, self.refs, self.number = world, refs, number  # the world the call was sent to
+        self.actors = list(world.actors)
+        self.deadline = deadline  # the group's timeout (time.monotonic())
         self._result: Optional[List[Any]] = None
         self._error: Optional[BaseException] = None
 
     def done(self) -> bool:
         if self._result is not None or self._error is not None:
             return True
-        self._group._check_session()
+        self._hooks.check_session()
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
 
@@ -85,66 +97,68 @@ class WorkerFuture:
         if self._result is None:
             wait = None if timeout is None else check_seconds("timeout", timeout)
             try:
-                self._result = self._group._finish(self, wait)
+                self._result = self._hooks.finish(self, wait)
             except RaydistError as error:
                 self._error = error
                 raise
         return self._result
+
+    def release_split(self) -> None:
+        """The call ended: stop its dataset split (a retry gets a fresh one)."""
+        split, self._split = self._split, None
+        if split is not None:
+            split.stop()
 
     def cancel(self) -> bool:
         """Stop the call by tearing the group down (a rank cannot leave a
         collective alone). Returns False if it had already finished."""
         if self.done():
             return False
-        self._group._cancelled = True
-        self._group.shutdown(graceful=False)
+        self._hooks.cancel()
         return True
 
 
-def error_for(group: "WorkerGroup", end: CallEnd, waited: Waited, limit: float, grow_by: int) -> RaydistError:
-    """The error for a call that ended as ``end``; evidence and stacks are read before the teardown."""
+def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[WorkerFailure], limit: float) -> RaydistError:
+    """The error for a call on ``world`` that ended as ``end`` (``failures``:
+    its failed ranks, deaths explained); evidence and stacks are read before the teardown."""
+    error: RaydistError
     if end is CallEnd.CANCELLED:
-        return WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
-    if end is CallEnd.GROW:
-        return WorkerGroupStopped(f"the cluster has room for {grow_by} more worker(s)")
-    if end is CallEnd.SHUT_DOWN:
-        return WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
-    if end is CallEnd.TIMED_OUT:
-        return WorkerGroupTimeout(limit, waited.pending, group._diagnostics.stacks(waited.pending), group._diagnostics.collectives({}))
-    failures = waited.failures
-    if (end is CallEnd.RANK_FAILED or end is CallEnd.NODE_LOST) and group._members is not None:
-        failures = explain_deaths(failures, group.workers, group._members.agents)
-    drained = group.drained_nodes
-    known = {f.rank: f.collectives for f in failures if f.collectives}
-    collectives = group._diagnostics.collectives(known) if known else ""  # a rank failed inside a collective
-    error = WorkerGroupError(
-        failures, preempted_nodes=sorted({f.node_id for f in failures if f.node_id in drained}), collectives=collectives
-    )
-    error.end = classify_end(failures, [], drained_nodes=drained)  # an explained death may be a lost node
+        error = WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
+    elif end is CallEnd.GROW:
+        error = WorkerGroupStopped(f"the cluster has room for {world.grow_by} more worker(s)")
+    elif end is CallEnd.SHUT_DOWN:
+        error = WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
+    elif end is CallEnd.TIMED_OUT:
+        error = WorkerGroupTimeout(limit, waited.pending, world.stacks(waited.pending), world.collectives({}))
+    else:
+        drained = world.drained
+        known = {f.rank: f.collectives for f in failures if f.collectives}
+        collectives = world.collectives(known) if known else ""  # a rank failed inside a collective
+        preempted = sorted({f.node_id for f in failures if f.node_id in drained})
+        error = WorkerGroupError(failures, preempted_nodes=preempted, collectives=collectives)
+    error.end = end
     return error
 
 
-def forward_signal(group: "WorkerGroup", error: BaseException, future: WorkerFuture) -> None:
+def forward_signal(world: World, error: BaseException, future: WorkerFuture, shutdown_timeout: float) -> None:
     """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
     send it to every rank (as torchrun does: their handlers can save state),
     then wait up to ``shutdown_timeout`` for them to finish and for what they
     printed meanwhile."""
     signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
-    members = group._members
-    if signum is None or members is None or not members.actors:
+    if signum is None or not world.actors:
         return
     logger.warning(
         "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
-        signals.SignalReceived(signum).name, group.config.shutdown_timeout,
+        signals.SignalReceived(signum).name, shutdown_timeout,
     )
-    members.agents.ask(group.workers, range(group.num_workers), "signal", signum)
-    deadline = time.monotonic() + group.config.shutdown_timeout
+    world.agents.ask(world.workers, range(world.size), "signal", signum)
+    deadline = time.monotonic() + shutdown_timeout
     pending = list(future.refs)
     while pending and not signals.hurried() and time.monotonic() < deadline:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
-    if members.output is not None:  # what the ranks' handlers printed, before the files close
-        values, failed = _finished_values(future.refs, pending)
-        members.output.settle(future.number, values, failed)
+    values, failed = _finished_values(future.refs, pending)  # what the ranks' handlers printed, before the files close
+    world.close_output(future.number, values, failed)
 
 
 def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> Tuple[List[Any], List[int]]:

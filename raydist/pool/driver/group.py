@@ -1,48 +1,50 @@
 """WorkerGroup: a pool of Ray actors, one per rank, with a live process group.
 
-Start-up is ``GroupBuilder``'s (two round trips). Calls are then one round
-trip, sent to every rank under one lock, so calls from several threads run
-in the same order on every rank and their collectives cannot pair across
-calls. How a call ended is classified once (``classify_end``); any ending
-but success tears the whole group down (peers stuck in a collective are
-killed, not waited for) and raises the error for that ending.
+The group holds its cluster resources (``startup.Holdings``), the current
+attempt's ``World`` (ranks, output, watchers: replaced whole by a warm
+restart) and its phase (``lifecycle.Lifecycle``). Calls are one round trip,
+sent to every rank under the phase's short lock, so calls from several
+threads run in the same order on every rank and their collectives cannot
+pair across calls. How a call ended is classified once (``classify_end``)
+and decided on once (``decide_restart``); any ending but success either
+restarts the group in place or tears it down, then raises.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 
 from raydist.config import RunConfig, make_config
 from raydist.errors import COLLECTIVES_HEADER, RaydistError, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
-from raydist.pool.cluster.placement import room_for
-from raydist.pool.driver.calls import INLINE_CALL_BYTES, WorkerFuture, error_for, forward_signal, prepare_call
-from raydist.pool.driver.diagnostics import GroupDiagnostics
+from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.calls import INLINE_CALL_BYTES, CallHooks, WorkerFuture, error_for, forward_signal, prepare_call
+from raydist.pool.driver.datasets import DATASETS, CallData, OpenSplits, WorldSplit, check_datasets, warn_without_cpus
 from raydist.pool.driver.hooks import group_hooks
+from raydist.pool.driver.lifecycle import Lifecycle
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
-from raydist.pool.driver.restart import restart_group
-from raydist.pool.driver.seats import free_seats
-from raydist.pool.driver.startup import GroupBuilder, Members, release
-from raydist.pool.driver.state import abort_state, new_state_name, release_state, state_env
+from raydist.pool.driver.restart import RestartAborted, restart_in_place
+from raydist.pool.driver.startup import GroupBuilder, Holdings, release
+from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
-from raydist.pool.driver.watcher import GroupWatcher
+from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
-from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.logs import wants_files
-from raydist.pool.rules.policy import classify_end
+from raydist.pool.rules.policy import Decision, classify_end, decide_restart, restart_line
+from raydist.pool.rules.datasets import DataConfig
 from raydist.pool.rules.stragglers import Straggler
 
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call", "INLINE_CALL_BYTES"]
+__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call", "start_group", "INLINE_CALL_BYTES"]
 
 logger = logging.getLogger("raydist")
 
@@ -54,87 +56,88 @@ class WorkerGroup:
     manager; ``run`` and ``submit`` execute a function on every rank with
     torch.distributed already initialised, from any number of threads. With
     warm restarts, a failure that ``raydist.run`` would restart after still
-    raises, but the group has replaced its dead ranks in place first.
+    raises (its ``restarted_in_place`` is then True), but the group has
+    replaced its dead ranks in place first.
     """
 
-    def __init__(
-        self,
-        num_workers: Optional[int] = None,
-        *,
-        config: Optional[RunConfig] = None,
-        restart_count: int = 0,
-        logs: Optional[RunLogs] = None,
-        node_order: Sequence[str] = (),
-        restarts_used: int = 0,
-        state_name: Optional[str] = None,
-        **options: Any,
-    ):
+    def __init__(self, num_workers: Optional[int] = None, *, config: Optional[RunConfig] = None, **options: Any):
         if num_workers is not None:
             options["num_workers"] = num_workers
-        self.config: RunConfig = make_config(config, options)
-        hooks = group_hooks(self.config)  # a missing backend library fails here, before Ray
-        self._hooks = hooks
-        self._lock = threading.RLock()  # orders submissions; guards the phase, held only briefly
-        self._changed = threading.Condition(self._lock)  # the phase changed
-        self._phase = GroupPhase.STARTING
+        self._open(make_config(config, options))
+
+    def _open(self, config: RunConfig, restart_count: int = 0, logs: Optional[RunLogs] = None,
+              node_order: Sequence[str] = (), restarts_used: int = 0, state_name: Optional[str] = None) -> None:
+        self.config = config
+        self._state = RunState.of(state_name)  # save_state's copies: the run's, or this group's own
+        self._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
+        self._life = Lifecycle()
         self._calls = 0
-        self._closed = self._cancelled = False
-        self._members: Optional[Members] = None
-        self._watcher: Optional[GroupWatcher] = None
-        self.restarts_used = restarts_used  # restarts counted against max_restarts, this run's
-        self._state_name, self._owns_state = state_name or new_state_name(), state_name is None
-        connect(self.config.address, startup_timeout=self.config.startup_timeout)
+        self._holdings: Optional[Holdings] = None
+        self._world: Optional[World] = None
+        self._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
+        connect(config.address, startup_timeout=config.startup_timeout)
         self._session = connected_session()
-        self._diagnostics = GroupDiagnostics(self.config, lambda: self._members)
+        self._builder = GroupBuilder(
+            config, self._hooks, logs or RunLogs(config), _router(config), _grow_stopper(self), restart_count, node_order, self._state.env(config)
+        )
         try:
-            self._builder = GroupBuilder(
-                self.config, hooks, logs or RunLogs(self.config), _router(self.config), restart_count, node_order,
-                extra_env={**self._diagnostics.env(), **state_env(self.config, self._state_name)},
-            )
-            self._members = self._builder.build()
-        except BaseException:
-            self._diagnostics.stop()
+            self._holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
+            world = self._builder.build(self._holdings)
+        except BaseException:  # the builder released what it made; the group is closed, never started
+            self._life.stop(CallEnd.SHUT_DOWN)
+            self._life.close()
             raise
-        self._watcher = _watch(self)
-        self._diagnostics.start()
-        with self._lock:
-            if self._phase is GroupPhase.STARTING:
-                self._phase = GroupPhase.RUNNING
+        with self._life.lock:
+            self._world = world
+            if self._life.phase is GroupPhase.STARTING:
+                self._life.move(GroupPhase.RUNNING)
+                return
+        world.end()  # shut down while it started: its resources went with the shutdown
+        raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
 
     # -- what the group is -------------------------------------------------
 
     @property
     def workers(self) -> List[WorkerInfo]:
         """Each rank's placement: rank, local rank, node rank, node id/IP, pid, devices."""
-        return list(self._members.workers) if self._members else []
+        return list(self._world.workers) if self._world else []
 
     @property
     def contexts(self) -> List[Optional["DistInfo"]]:
         """Each rank's initialization record (None where the process group was left to the code)."""
-        return list(self._members.contexts) if self._members else []
+        return list(self._world.contexts) if self._world else []
 
     @property
     def num_workers(self) -> int:
         return len(self.workers)
 
     @property
+    def phase(self) -> GroupPhase:
+        return self._life.phase
+
+    @property
     def closed(self) -> bool:
-        return self._closed
+        return self._life.closing
 
     @property
     def restart_count(self) -> int:
         """The attempt the group runs (TORCHELASTIC_RESTART_COUNT); a warm restart raises it."""
-        return self._builder.restart_count
+        return self._world.attempt if self._world else self._builder.restart_count
+
+    @property
+    def restarts_used(self) -> int:
+        """Restarts of this run counted against max_restarts, warm ones included."""
+        return self._restarts_used
 
     @property
     def spares(self) -> List[Placement]:
         """Where each ready spare worker runs (node, pid, devices); not in the world."""
-        return [spare.placement for spare in self._members.spares.ready] if self._members else []
+        return [spare.placement for spare in self._holdings.spares.ready] if self._holdings else []
 
     @property
     def held_resources(self) -> Dict[str, Dict[str, float]]:
         """What the group's workers and spares hold on each node (node id -> amounts)."""
-        return self._members.held_resources() if self._members else {}
+        return self._holdings.held_resources(self.workers) if self._holdings else {}
 
     @property
     def node_order(self) -> List[str]:
@@ -144,36 +147,30 @@ class WorkerGroup:
     @property
     def drained_nodes(self) -> Dict[str, float]:
         """Nodes of this group that Ray started draining, with their deadlines."""
-        return dict(self._watcher.drained) if self._watcher is not None else {}
+        return dict(self._world.drained) if self._world else {}
 
     # -- calls -------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> WorkerFuture:
-        """Start ``fn(*args, **kwargs)`` on every rank; returns at once."""
-        return self.submit_prepared(prepare_call(fn, args, kwargs))
+    def submit(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
+        datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
+    ) -> WorkerFuture:
+        """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets``, ``dataset_config``: as in ``raydist.run``."""
+        return self.submit_prepared(prepare_call(fn, args, kwargs), check_datasets(datasets, dataset_config))
 
-    def submit_prepared(self, call: bytes) -> WorkerFuture:
-        """Start a call made by ``prepare_call`` on every rank."""
-        with self._lock:
-            # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
-            self._changed.wait_for(lambda: self._phase is not GroupPhase.RESTARTING)
-            self._check_usable()
-            sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
-            # One lock around the sends: every rank queues calls in the same order.
-            actors = list(self._members.actors)  # type: ignore[union-attr]
-            refs = [actor.execute.remote(sent) for actor in actors]
-            number, self._calls = self._calls, self._calls + 1
-        return WorkerFuture(self, refs, actors, number)
+    def submit_prepared(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
+        """Start a call made by ``prepare_call`` on every rank (``data``: its datasets, split for this world)."""
+        world, refs, number, split = _send_call(self, call, data)
+        deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
+        hooks = CallHooks(partial(_finish_call, self), self._check_session, partial(self._stop, CallEnd.CANCELLED))
+        return WorkerFuture(hooks, world, refs, number, deadline, split)
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
+        datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
     ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
-        return self.submit(fn, args, kwargs).result(timeout)
-
-    def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
-        """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
-        return _finish_call(self, future, timeout)
+        return self.submit(fn, args, kwargs, datasets, dataset_config).result(timeout)
 
     def stacks(self) -> str:
         """Where every rank is now: Python stacks grouped by location, the odd
@@ -181,8 +178,10 @@ class WorkerGroup:
         flight recorders: which rank did not enter the collective the others
         wait in, or entered another). The group keeps running."""
         self._check_usable()
-        stacks = self._diagnostics.stacks(range(self.num_workers))
-        collectives = self._diagnostics.collectives({})
+        world = self._world
+        assert world is not None
+        stacks = world.stacks(range(world.size))
+        collectives = world.collectives({})
         return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
 
     def stragglers(self, refresh: bool = False) -> List[Straggler]:
@@ -192,11 +191,11 @@ class WorkerGroup:
         ``flight_recorder=False``."""
         if refresh:
             self._check_usable()
-        return self._diagnostics.stragglers(refresh)
+        return self._world.stragglers(refresh) if self._world else []
 
     def _check_usable(self) -> None:
         self._check_session()
-        if self._closed:
+        if self.closed:
             raise RuntimeError("this WorkerGroup has been shut down")
 
     def _check_session(self) -> None:
@@ -215,24 +214,24 @@ class WorkerGroup:
         from any thread; a call after an interrupted one finishes its work.
         Never starts a Ray (after ``ray.shutdown()`` the workers are gone with it).
         """
-        with self._lock:  # never waits on a restart: it holds the lock only between its steps
-            first, self._closed = not self._closed, True
-            self._phase = GroupPhase.SHUTTING_DOWN
-            self._changed.notify_all()
-        if self._watcher is not None:
-            self._watcher.stop()  # kept: what it saw explains the failure
-        if getattr(self, "_diagnostics", None) is not None:
-            self._diagnostics.stop()
-        members = self._members
-        if members is not None and connected_session() == self._session:
-            release(members, graceful and first)
-            release_state(self._state_name, owned=self._owns_state)  # save_state's copies, when this group made them
+        self._stop(CallEnd.SHUT_DOWN, graceful)
+
+    def _stop(self, cause: CallEnd, graceful: bool = False, settle: Optional[Tuple[int, Waited]] = None) -> None:
+        """Shut down for ``cause``; ``settle``: a failed call's output to wait for once the ranks are dead."""
+        first = self._life.stop(cause)  # never waits on a restart: it holds the lock only between its steps
+        world, holdings = self._world, self._holdings
+        if world is not None:
+            world.stop_watching()  # kept: what it saw explains the failure
+        if holdings is not None and connected_session() == self._session:
+            release(holdings, world.workers if world is not None else (), graceful and first)
+            self._state.release()  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
-        if members is not None and members.output is not None:
-            members.output.close()
-            members.output = None
-        with self._lock:
-            self._phase = GroupPhase.CLOSED
+        if world is not None:
+            # A rank whose value could not come back marked only what it printed: not waited for.
+            number, waited = settle if settle is not None else (None, Waited([]))
+            failed = [f.rank for f in waited.failures if not f.crashed and f.rank not in waited.unsent]
+            world.close_output(number, waited.results, failed)
+        self._life.close()
 
     def __enter__(self) -> "WorkerGroup":
         return self
@@ -241,23 +240,74 @@ class WorkerGroup:
         self.shutdown(graceful=exc_info[0] is None)
 
     def __del__(self) -> None:  # a group dropped without shutdown() is freed when collected
-        if getattr(self, "_members", None) is not None and not self._closed:
+        if getattr(self, "_holdings", None) is not None and not self.closed:
             try:
                 self.shutdown(graceful=False)
             except Exception:  # noqa: BLE001 - best effort at interpreter or collection time
                 pass
 
 
+def start_group(
+    config: RunConfig, *, restart_count: int, logs: RunLogs, node_order: Sequence[str], restarts_used: int, state_name: Optional[str] = None
+) -> WorkerGroup:
+    """One attempt of a run (``raydist.run``, ``raydist run``): its number,
+    the run's logs, the node order to keep, the restarts already counted and
+    the run's training-state name (the run releases that state, not the group)."""
+    group = WorkerGroup.__new__(WorkerGroup)
+    group._open(config, restart_count, logs, node_order, restarts_used, state_name)
+    return group
+
+
+def attach(group: WorkerGroup, name: str, thing: Attachment) -> None:
+    """Keep ``thing`` with the group's current world: stopped when that world
+    ends (the next warm restart, or the shutdown), as its watchers are."""
+    with group._life.lock:
+        if group._world is None or group._world.ended:
+            raise RuntimeError("this WorkerGroup has no running world to attach to")
+        group._world = group._world.attach(name, thing)
+
+
+def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tuple[World, List[Any], int, Optional[WorldSplit]]:
+    """Send ``call`` to the current world's ranks: its world, refs, number and dataset split."""
+    with group._life.lock:
+        # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
+        group._life.changed.wait_for(lambda: group._life.phase is not GroupPhase.RESTARTING)
+        group._check_usable()
+        split = _split_for_call(group, data)  # each rank's part, queued before the call
+        world = group._world
+        assert world is not None
+        sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
+        # One lock around the sends: every rank queues calls in the same order.
+        refs = [actor.execute.remote(sent) for actor in world.actors]
+        number, group._calls = group._calls, group._calls + 1
+    return world, refs, number, split
+
+
+def _split_for_call(group: WorkerGroup, data: Optional[CallData]) -> Optional[WorldSplit]:
+    """Under the phase lock: ``data`` split for the current world, kept with
+    that world (its open splits stop when it ends); None without data."""
+    world = group._world
+    if data is None or world is None:
+        return None
+    splits = world.attached.get(DATASETS)
+    if not isinstance(splits, OpenSplits):
+        warn_without_cpus(group.held_resources, world.size)  # once per world
+        splits = OpenSplits()
+        attach(group, DATASETS, splits)
+    return splits.open(data, world.workers, world.actors)
+
+
 def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
     """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
     group._check_session()
+    world = future.world
     group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
     limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
     try:
-        waited = wait_for_ranks(future.refs, limit, group.workers, None, future.actors)
+        waited = wait_for_ranks(future.refs, limit, world.workers, None, future.actors)
     except BaseException as error:  # KeyboardInterrupt included: leave nothing running
         try:
-            forward_signal(group, error, future)
+            forward_signal(world, error, future, group.config.shutdown_timeout)
         finally:
             group.shutdown(graceful=False)
         if connected_session() != group._session:
@@ -265,43 +315,78 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
         raise
     if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
         raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
-    grow_by = group._watcher.grow_by if group._watcher is not None else 0
-    end = classify_end(
-        waited.failures, waited.pending, cancelled=group._cancelled, closed=group._closed,
-        grow_by=grow_by, drained_nodes=group.drained_nodes,
-    )
+    future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
+    stopped, failures = group._life.stopped, waited.failures
+    if stopped is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
+        failures = explain_deaths(failures, world.workers, world.agents)
+    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=world.drained)
     if end is CallEnd.FINISHED:
-        output = group._members.output if group._members else None
-        return output.settle(future.number, waited.results) if output is not None else waited.results
-    ended = error_for(group, end, waited, limit or 0.0, grow_by)
-    ended.end = ended.end or end
-    abort_state(group._state_name, group.restart_count)  # no rank waits on a step a dead rank never saves
-    if not _restart_in_place(group, ended, future, waited):
-        _stop_then_settle(group, future.number, waited)
+        return world.settle_output(future.number, waited.results)
+    ended = error_for(end, world, waited, failures, limit or 0.0)
+    group._state.abort(world.attempt)  # no rank waits on a step a dead rank never saves
+    decision = decide_restart(
+        ended, retry_on_exception=group.config.retry_on_exception,
+        restarts_left=group.config.max_restarts - group._restarts_used, driver_node=ray.get_runtime_context().get_node_id(),
+    )
+    ended.decision = decision  # the runner acts on it: one decision per failure
+    if _restart_in_place(group, future, waited, decision):
+        ended.note_restarted_in_place(group.restart_count)
+    else:
+        group._stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
     raise ended
 
 
-def _restart_in_place(group: WorkerGroup, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
+def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, decision: Decision) -> bool:
     """Warm restarts: keep the survivors and replace the rest when the
-    restart policy says so (see ``restart_group``); False: tear down instead."""
-    members = group._members
-    if not group.config.warm_restarts or members is None or members.request.node_layout:
+    restart policy says so (see ``restart_in_place``); False: tear down instead."""
+    config, life, holdings = group.config, group._life, group._holdings
+    if decision.restart is None or decision.restart.kind == "scale-up" or not config.warm_restarts:
+        return False  # growing needs a larger placement group: a fresh start
+    if holdings is None or holdings.request.node_layout:
         return False  # (a node layout restarts whole)
-    return restart_group(group, error, future, waited, _watch)
+    with life.lock:  # only the newest call restarts (a newer one is queued behind it on the old actors)
+        old = group._world  # the call's world, with whatever was attached to it since
+        if life.phase is not GroupPhase.RUNNING or future.number != group._calls - 1 or old is None or old.attempt != future.world.attempt:
+            return False
+        life.move(GroupPhase.RESTARTING)
+
+    def live() -> None:  # between the restart's steps: a shutdown that began wins
+        if life.phase is not GroupPhase.RESTARTING:
+            raise RestartAborted("the group was shut down during its warm restart")
+
+    try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
+        world, done = restart_in_place(group._builder, holdings, old, future.refs, waited, future.number, config, live)
+    except RestartAborted:
+        return False  # the caller's teardown releases what the restart made
+    except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
+        logger.error("raydist: warm restart failed (%s: %s); stopping the group", type(failure).__name__, failure)
+        return False
+    except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes
+        group.shutdown(graceful=False)
+        raise
+    with life.lock:
+        if life.phase is not GroupPhase.RESTARTING:
+            world.end()
+            return False
+        group._world = world
+        group._restarts_used += int(decision.restart.counted)
+        life.move(GroupPhase.RUNNING)
+    logger.warning(restart_line(decision.restart, old.size, world.attempt, config.max_restarts, group._restarts_used))
+    logger.warning(done)
+    return True
 
 
-def _stop_then_settle(group: WorkerGroup, number: int, waited: Waited) -> None:
-    """Kill the group first (peers stuck in a collective need not wait),
-    then wait for the failed call's output: its markers are already in the files."""
-    members = group._members
-    output = members.output if members else None
-    if members is not None:
-        members.output = None
-    group.shutdown(graceful=False)
-    if output is not None:
-        # A rank whose value could not come back marked only what it printed: not waited for.
-        output.settle(number, waited.results, [f.rank for f in waited.failures if not f.crashed and f.rank not in waited.unsent])
-        output.close()
+def _grow_stopper(group: WorkerGroup) -> Callable[[], None]:
+    """What the drain watcher calls to stop the group to grow; it holds the
+    group weakly, so a group dropped without shutdown() is freed."""
+    ref = weakref.ref(group)
+
+    def stop_to_grow() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._stop(CallEnd.GROW)
+
+    return stop_to_grow
 
 
 def _router(config: RunConfig) -> Optional[OutputRouter]:
@@ -312,32 +397,3 @@ def _router(config: RunConfig) -> Optional[OutputRouter]:
             "to this driver (ray.init(log_to_driver=True); not Ray Client)"
         )
     return router
-
-
-def _watch(group: WorkerGroup) -> GroupWatcher:
-    """Warn ranks on draining nodes; with restart_to_grow, stop to grow. The
-    watcher holds the group weakly, so a group dropped without shutdown() is freed."""
-    config, members, ref = group.config, group._members, weakref.ref(group)
-    assert members is not None
-    sizes = config.worker_range
-
-    def warn(ranks: List[int], deadline: float) -> None:
-        members.agents.ask(members.workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
-
-    def stop() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.shutdown(graceful=False)
-
-    def room() -> int:
-        # Whole nodes under the node layout: never a second bundle on a node the group holds.
-        request = members.request
-        taken = list(dict.fromkeys(w.node_id for w in members.workers)) if request.node_layout else []
-        more = room_for(request, taken) * request.per_bundle
-        if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
-            seats = {w.actor_index for w in members.workers} | members.spares.bundles()
-            more += len(free_seats(members.pg, seats))
-        return min(sizes[1] - len(members.workers), more) if sizes else 0
-
-    growable = config.restart_to_grow and sizes is not None and len(members.workers) < sizes[1]
-    return GroupWatcher(members.workers, warn, stop, room if growable else None, config.monitor_interval).start()

@@ -32,11 +32,10 @@ class GroupHooks(Protocol):
 
 def group_hooks(config: RunConfig) -> GroupHooks:
     """The hooks of ``config.backend``'s registry entry, built with ``config``
-    (a backend whose library is missing fails here, before Ray is touched)."""
+    (whose check already refused a backend whose library is missing)."""
     from raydist.core.backend import backend_entry, load
 
     entry = backend_entry(config.backend)
-    entry.check_requires()
     hooks: GroupHooks = load(entry.driver_hooks)(config)
     hooks.entry = entry
     return hooks

@@ -18,25 +18,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Collection, List, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, List, Sequence, Set, Tuple
 
 import ray
 from ray.exceptions import RayActorError
 
 from raydist.config import RunConfig
-from raydist.errors import InfeasibleResourcesError, RaydistError
+from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.placement import alive_nodes
 from raydist.pool.driver.seats import as_placement, free_seats
-from raydist.pool.driver.startup import GroupBuilder, Members
+from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.waiting import Waited
-from raydist.pool.records import CallEnd, GroupPhase
-from raydist.pool.rules.policy import decide_restart, restart_line
+from raydist.pool.driver.world import World
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
-
-if TYPE_CHECKING:
-    from raydist.pool.driver.calls import WorkerFuture
-    from raydist.pool.driver.group import WorkerGroup
-    from raydist.pool.driver.watcher import GroupWatcher
 
 logger = logging.getLogger("raydist")
 
@@ -52,96 +46,54 @@ class Settled:
     stuck: List[int]
 
 
-def restart_group(
-    group: "WorkerGroup", error: RaydistError, future: "WorkerFuture", waited: Waited,
-    watch: Callable[["WorkerGroup"], "GroupWatcher"],
-) -> bool:
-    """Restart ``group`` in place after ``future`` failed with ``error``, if
-    the restart policy says so; logs why and what was done. False: the
-    group is to be torn down (no restart, or the warm restart failed)."""
-    config, members = group.config, group._members
-    driver_node = ray.get_runtime_context().get_node_id()
-    left = config.max_restarts - group.restarts_used
-    decision = decide_restart(error, retry_on_exception=config.retry_on_exception, restarts_left=left, driver_node=driver_node)
-    if decision.restart is None or members is None or group.closed or error.end is CallEnd.GROW:
-        return False  # growing needs a larger placement group: a fresh start
-    if not _begin(group, future):
-        return False
-    old_size = len(members.workers)
-    if group._watcher is not None:
-        group._watcher.stop()
-    group._diagnostics.pause()  # it must not read a half-changed world
-
-    def live() -> None:  # between the restart's steps: a shutdown that began wins
-        if group._phase is not GroupPhase.RESTARTING:
-            raise RestartAborted("the group was shut down during its warm restart")
-
-    try:  # the slow waits run without the group's lock: shutdown() and cancel() never wait on them
-        done = restart_in_place(group._builder, members, future.refs, waited, future.number, config, group.drained_nodes, live)
-    except RestartAborted:
-        return False  # the caller's teardown releases what the restart made
-    except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes
-        group.shutdown(graceful=False)
-        raise
-    except Exception as failure:  # noqa: BLE001 - then the group is torn down, as a fresh restart would
-        logger.error("raydist: warm restart failed (%s: %s); stopping the group", type(failure).__name__, failure)
-        return False
-    with group._lock:
-        if group._phase is not GroupPhase.RESTARTING:
-            return False
-        group.restarts_used += int(decision.restart.counted)
-        group._watcher = watch(group)
-        group._diagnostics.start()  # the new world's ranks and pids, nothing of the old
-        group._phase = GroupPhase.RUNNING
-        group._changed.notify_all()
-    logger.warning(restart_line(decision.restart, old_size, group.restart_count, config.max_restarts, group.restarts_used))
-    logger.warning(done)
-    return True
-
-
 class RestartAborted(RuntimeError):
     """A shutdown began while the warm restart ran."""
 
 
-def _begin(group: "WorkerGroup", future: "WorkerFuture") -> bool:
-    """Enter the restarting phase, if the group runs and ``future`` is its newest call
-    (an older call's failure: a newer one is queued behind it on the old actors)."""
-    with group._lock:  # the check and the phase change at once: no call slips in between
-        if group._phase is not GroupPhase.RUNNING or future.number != group._calls - 1:
-            return False
-        group._phase = GroupPhase.RESTARTING
-        return True
-
-
 def restart_in_place(
-    builder: GroupBuilder, members: Members, refs: Sequence[ray.ObjectRef], waited: Waited, call: int,
-    config: RunConfig, drained: Collection[str], live: Callable[[], None] = lambda: None,
-) -> str:
-    """Turn ``members`` (whose call ``call`` failed as ``waited`` says) into
-    the next attempt's world, in place; the line that says what it did."""
+    builder: GroupBuilder, holdings: Holdings, world: World, refs: Sequence[ray.ObjectRef], waited: Waited, call: int,
+    config: RunConfig, live: Callable[[], None] = lambda: None,
+) -> Tuple[World, str]:
+    """The next attempt's world after ``world``'s call ``call`` failed as
+    ``waited`` says (survivors kept, the rest replaced), and the line that
+    says what was done. ``live`` raises ``RestartAborted`` once the group is
+    being shut down; it is asked between the slow steps, which hold no lock."""
     failed_at = min([f.timestamp for f in waited.failures] + [time.time()])
-    old = list(members.workers)
+    old = list(world.workers)
     lost = {w.node_id for w in old} - {node.node_id for node in alive_nodes()}
-    leaving = lost | set(drained)
-    settled = settle_survivors(members.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
-    _close_output(members, waited, call)
-    plan = _plan(members, settled, leaving, config, live)
+    leaving = lost | set(world.drained)
+    world.stop_watching()  # nothing may read or warn a half-changed world
+    settled = settle_survivors(world.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
+    world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
+    plan = _plan(holdings, world, settled, leaving, config, live)
     live()
-    doomed_ranks = sorted(settled.dead | set(plan.killed))
-    for actor in [members.actors[r] for r in doomed_ranks] + members.spares.drop_on(leaving):
+    doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
+    for actor in doomed + holdings.spares.drop_on(leaving):
         ray.kill(actor, no_restart=True)
+    holdings.forget(doomed)
     # What the replaced processes left on their nodes goes with them (a lost node's went with it).
-    members.agents.ask(old, [r for r in doomed_ranks if old[r].node_id not in lost], "remove", start_missing=False)
-    for agent in _retire_agents(members, leaving):
+    gone = [r for r in sorted(settled.dead | set(plan.killed)) if old[r].node_id not in lost]
+    holdings.agents.ask(old, gone, "remove", start_missing=False)
+    for agent in holdings.agents.retire(sorted(leaving)):
         ray.kill(agent, no_restart=True)
     builder.restart(plan.node_order)
-    _join(builder, members, plan)
-    live()  # (new actors are in members: the teardown after an abort kills them)
-    members.agents.start([w.node_id for w in members.workers])  # a replacement on a node new to the group
+    new = _join(builder, holdings, world, plan)
+    if not _alive(live):
+        new.end()  # (its actors are held: the teardown after the abort kills them)
+        raise RestartAborted("the group was shut down during its warm restart")
+    holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
     seconds = time.time() - failed_at
-    taken = {w.actor_index for w in members.workers} | members.spares.bundles()
-    members.spares.refill(free_seats(members.pg, taken), lambda: [as_placement(w) for w in members.workers])
-    return restart_summary(plan, old, len(old), len(members.workers), seconds, config.survivor_timeout)
+    taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
+    holdings.spares.refill(free_seats(holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
+    return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
+
+
+def _alive(live: Callable[[], None]) -> bool:
+    try:
+        live()
+    except RestartAborted:
+        return False
+    return True
 
 
 def settle_survivors(
@@ -183,30 +135,22 @@ def _died(ref: ray.ObjectRef) -> bool:
     return False
 
 
-def _close_output(members: Members, waited: Waited, call: int) -> None:
-    """The failed call's lines (those of ranks that came back), then the attempt's files closed."""
-    output, members.output = members.output, None
-    if output is not None:
-        output.settle(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
-        output.close()
-
-
-def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]) -> RestartPlan:
+def _plan(holdings: Holdings, world: World, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]) -> RestartPlan:
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
     InfeasibleResourcesError after ``startup_timeout``."""
-    size = len(members.workers)
+    size = world.size
     sizes = config.worker_range or (size, size)
     sizes = (sizes[0], min(sizes[1], size))  # growing is restart_to_grow's job
     gone = settled.dead | set(settled.stuck)
     deadline = time.monotonic() + config.startup_timeout
     while True:
         live()
-        taken = {w.actor_index for w in members.workers if w.rank not in gone and w.node_id not in leaving}
-        taken |= members.spares.bundles()
+        taken = {w.actor_index for w in world.workers if w.rank not in gone and w.node_id not in leaving}
+        taken |= holdings.spares.bundles()
         plan = plan_restart(
-            members.workers, dead=settled.dead, stuck=settled.stuck, leaving_nodes=leaving,
-            spares=members.spares.seats(), free_seats=free_seats(members.pg, taken), sizes=sizes,
+            world.workers, dead=settled.dead, stuck=settled.stuck, leaving_nodes=leaving,
+            spares=holdings.spares.seats(), free_seats=free_seats(holdings.pg, taken), sizes=sizes,
         )
         if not plan.missing:
             return plan
@@ -218,23 +162,16 @@ def _plan(members: Members, settled: Settled, leaving: Set[str], config: RunConf
         time.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
 
 
-def _retire_agents(members: Members, leaving: Set[str]) -> List[Any]:
-    """The node agents of nodes that leave the group, to kill."""
-    return members.agents.retire(sorted(leaving))
-
-
-def _join(builder: GroupBuilder, members: Members, plan: RestartPlan) -> None:
+def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: RestartPlan) -> World:
     """The next world: kept processes, spares and new processes, described,
     ranked and set up together (kept ones leave their old group first)."""
-    kept: List[Tuple[Any, int]] = [(members.actors[r], members.workers[r].actor_index) for r in plan.kept]
-    spares = members.spares.take(plan.spares)
+    kept: List[Tuple[Any, int]] = [(world.actors[r], world.workers[r].actor_index) for r in plan.kept]
+    spares = holdings.spares.take(plan.spares)
+    holdings.actors.extend(s.actor for s in spares if all(s.actor is not a for a in holdings.actors))  # held, so that a failure from here releases them too
     joining = [*kept, *[(s.actor, s.placement.index) for s in spares]]
-    members.actors = [actor for actor, _ in joining]  # held, so that a failure from here releases them too
     fresh_bundles = [seat.bundle for seat in plan.fresh]
-    actors = [actor for actor, _ in joining] + builder.create(members, fresh_bundles)
+    actors = [actor for actor, _ in joining] + builder.create(holdings, fresh_bundles)
     bundles = [bundle for _, bundle in joining] + fresh_bundles
-    placements = builder.describe(members, actors, bundles)
-    standby = [s.placement for s in members.spares.ready]
-    builder.assign(members, dict(zip(bundles, actors)), placements, standby)
-    master = next(p for p in placements if p.index == members.workers[0].actor_index)
-    builder.set_up(members, master.free_port)
+    placements = builder.describe(actors, bundles)
+    standby = [s.placement for s in holdings.spares.ready]
+    return builder.attempt(holdings, dict(zip(bundles, actors)), placements, standby)

@@ -20,10 +20,11 @@ from typing import Any, Dict, List, Optional
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.placement import wait_until_released
-from raydist.pool.driver.group import WorkerGroup
+from raydist.pool.driver.datasets import CallData
+from raydist.pool.driver.group import WorkerGroup, start_group
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.state import new_state_name, release_state
-from raydist.pool.rules.policy import decide_restart, restart_line
+from raydist.pool.rules.policy import Decision, decide_restart, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
 
 logger = logging.getLogger("raydist")
@@ -43,23 +44,22 @@ class Attempts:
     failed_at: Optional[float] = None  # when the last attempt failed (time.time())
 
 
-def run_with_restarts(config: RunConfig, call: bytes) -> List[Any]:
-    """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank."""
+def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] = None) -> List[Any]:
+    """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank.
+    ``data``: its datasets, split afresh for each attempt's world."""
     logs = RunLogs(config)
     attempts = Attempts()
     group: Optional[WorkerGroup] = None
     try:
         while True:
-            attempt = -1
             try:
                 if group is None or group.closed:
                     attempts.started = False
                     group = _start(config, logs, attempts)
                     attempts.started = True
-                attempt = group.restart_count
-                return group.submit_prepared(call).result()
+                return group.submit_prepared(call, data).result()
             except RaydistError as error:
-                if group is not None and group.restart_count > attempt >= 0 and not group.closed:  # restarted in place; it said how
+                if error.restarted_in_place and group is not None:  # the group said how
                     attempts.errors.append(error)
                     attempts.counted = group.restarts_used
                     attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
@@ -76,8 +76,8 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
     if attempts.held:
         wait_until_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
-    group = WorkerGroup(
-        config=config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted,
+    group = start_group(
+        config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted,
         state_name=attempts.state_name,
     )
     if number:
@@ -89,8 +89,9 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
 
 
 def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: Attempts) -> None:
-    """Count and log a restart in fresh processes, or raise (listing every attempt)."""
-    decision = decide_restart(
+    """Count and log a restart in fresh processes, or raise (listing every attempt).
+    A call's failure comes with the group's decision; a start's is decided here."""
+    decision = error.decision if isinstance(error.decision, Decision) else decide_restart(
         error,
         retry_on_exception=config.retry_on_exception,
         restarts_left=config.max_restarts - attempts.counted,

@@ -9,10 +9,10 @@ failure or an interrupt at any step releases all of it before it propagates.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -20,18 +20,20 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
-from raydist.pool.cluster.placement import alive_nodes, reserve
+from raydist.pool.cluster.placement import alive_nodes, reserve, room_for
 from raydist.pool.driver.agents import NodeAgents, driver_node, explain_deaths
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
+from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput, OutputRouter
-from raydist.pool.driver.seats import new_worker
+from raydist.pool.driver.seats import free_seats, new_worker
+from raydist.pool.driver.stragglers import StragglerWatch
+from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.waiting import wait_for_ranks
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
-from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
     NodeSelection,
@@ -42,48 +44,48 @@ from raydist.pool.rules.sizing import (
     selection_text,
     worker_bundle,
 )
+from raydist.pool.driver.world import World
 from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
-
-if TYPE_CHECKING:
-    from raydist.core.initialize import DistInfo
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
 
 
 @dataclass
-class Members:
-    """What a group holds on the cluster, from the first step on."""
+class Holdings:
+    """What a group holds on the cluster across its worlds, from the first step on."""
 
     accelerator: Accelerator
     bundle: Dict[str, float]  # one worker's resources
     request: Request  # what the group asked of the cluster (bundles, nodes allowed)
     pg: Optional[PlacementGroup]  # None once released
     spares: SparePool  # empty unless spare_workers
-    actors: List[Any] = field(default_factory=list)  # by rank once ranks are assigned
-    workers: List[WorkerInfo] = field(default_factory=list)  # by rank
-    contexts: List[Optional["DistInfo"]] = field(default_factory=list)
     agents: NodeAgents = field(default_factory=lambda: NodeAgents(None))
-    output: Optional[GroupOutput] = None
-    routes: List[RankRoute] = field(default_factory=list)  # by rank: where its output goes
+    actors: List[Any] = field(default_factory=list)  # every worker actor held (any order): released with the group
+    slots: int = 0  # worker places in the placement group (bundles x workers per bundle)
 
-    def held_resources(self) -> Dict[str, Dict[str, float]]:
-        """What the workers and spares hold on each node (node id -> amounts)."""
+    def held_resources(self, workers: Sequence[WorkerInfo]) -> Dict[str, Dict[str, float]]:
+        """What ``workers`` and the spares hold on each node (node id -> amounts)."""
         held: Dict[str, Dict[str, float]] = {}
-        nodes = [w.node_id for w in self.workers] + [s.placement.node_id for s in self.spares.ready]
+        nodes = [w.node_id for w in workers] + [s.placement.node_id for s in self.spares.ready]
         for node_id in nodes:
             amounts = held.setdefault(node_id, {})
             for name, amount in self.bundle.items():
                 amounts[name] = amounts.get(name, 0.0) + amount
         return held
 
+    def forget(self, actors: Sequence[Any]) -> None:
+        """``actors`` (killed by a warm restart) are no longer held."""
+        gone = {id(actor) for actor in actors}
+        self.actors = [actor for actor in self.actors if id(actor) not in gone]
 
-def release(members: Members, graceful: bool) -> None:
+
+def release(holdings: Holdings, workers: Sequence[WorkerInfo], graceful: bool) -> None:
     """Leave the process group (if ``graceful``), kill the actors and spares,
-    free the placement group, remove the workers' evidence files, kill the
-    node agents; returns once Ray reports them dead."""
-    spares = members.spares.close()
-    actors = [actor for actor in members.actors if actor is not None]
+    free the placement group, remove the files of ``workers`` (the last
+    world's), kill the node agents; returns once Ray reports them dead."""
+    spares = holdings.spares.close()
+    actors = list(holdings.actors)
     try:
         if graceful and actors:
             try:
@@ -93,14 +95,14 @@ def release(members: Members, graceful: bool) -> None:
     finally:  # an interrupt during the graceful part must not leave the actors alive
         for actor in [*actors, *spares]:
             ray.kill(actor, no_restart=True)
-        if members.pg is not None:
-            remove_placement_group(members.pg)
-        members.actors, members.pg = [], None
+        if holdings.pg is not None:
+            remove_placement_group(holdings.pg)
+        holdings.actors, holdings.pg = [], None
         _wait_dead([*actors, *spares])
         try:  # the processes are gone: what they left on their nodes goes too
-            members.agents.ask(members.workers, range(len(members.workers)), "remove", timeout=TEARDOWN_TIMEOUT_S, start_missing=False)
+            holdings.agents.ask(workers, range(len(workers)), "remove", timeout=TEARDOWN_TIMEOUT_S, start_missing=False)
         finally:
-            agents = members.agents.forget()
+            agents = holdings.agents.forget()
             for agent in agents:
                 ray.kill(agent, no_restart=True)
             _wait_dead(agents)
@@ -114,7 +116,7 @@ def _wait_dead(actors: List[Any]) -> None:
 
 
 class GroupBuilder:
-    """Builds one group's members step by step; see the module docstring."""
+    """Builds one group's holdings, then each attempt's ``World``; see the module docstring."""
 
     def __init__(
         self,
@@ -122,46 +124,44 @@ class GroupBuilder:
         hooks: GroupHooks,
         logs: RunLogs,
         router: Optional[OutputRouter],
+        stop_group: Callable[[], None],
         restart_count: int = 0,
         node_order: Sequence[str] = (),
-        extra_env: Optional[Dict[str, str]] = None,
+        extra_env: Optional[Mapping[str, str]] = None,
     ):
         self.config = config
-        self._extra_env = dict(extra_env or {})  # for every rank (the debug relay's address)
+        self._extra_env = dict(extra_env or {})  # the run's variables for every rank (its training state)
         self._hooks = hooks
         self._logs = logs
         self._router = router
+        self._stop_group = stop_group  # what the drain watcher calls to stop the group to grow
         self.restart_count = restart_count  # the attempt being built (a warm restart raises it)
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
 
-    def build(self) -> Members:
-        """The started group's members; on any failure everything made so far is released."""
-        members = self._reserve()
+    def build(self, holdings: Holdings) -> World:
+        """The first world on ``holdings`` (from ``reserve``); on any failure everything made so far is released."""
         try:
-            actors = self.create(members, range(len(members.actors)))
-            placements = self.describe(members, actors, range(len(actors)))
+            actors = self.create(holdings, range(holdings.slots))
+            placements = self.describe(actors, range(len(actors)))
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
-            self.assign(members, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
-            members.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
-            self.set_up(members, placements[members.workers[0].actor_index].free_port)
+            holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
+            world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
             # Off the start path: the other nodes' agents start while the first call runs.
-            members.agents.start([worker.node_id for worker in members.workers])
-            return members
+            holdings.agents.start([worker.node_id for worker in world.workers])
+            return world
         except BaseException:  # KeyboardInterrupt included: leave nothing running
-            self.abandon(members)
+            self.abandon(holdings)
             raise
 
-    def abandon(self, members: Members) -> None:
-        """Release a half-built group: actors, agents, placement group, the backend's driver side, output."""
+    def abandon(self, holdings: Holdings) -> None:
+        """Release a half-built group: actors, agents, placement group, the backend's driver side."""
         if ray.is_initialized():
-            release(members, graceful=False)
+            release(holdings, (), graceful=False)
         self._hooks.stop()
-        if members.output is not None:
-            members.output.close()
-            members.output = None
 
-    def _reserve(self) -> Members:
+    def reserve(self) -> Holdings:
+        """The placement group for the group's workers and spares."""
         config = self.config
         selection = NodeSelection.of(config)
         nodes = selection.matching(alive_nodes()) if selection.active else alive_nodes()
@@ -181,40 +181,49 @@ class GroupBuilder:
         request = placement_request(config, bundle, sizes, spares)
         pg, size = reserve(request, config.startup_timeout)
         pool = SparePool(spares, pg, bundle, accelerator, config.startup_timeout)
-        members = Members(accelerator, bundle, request, pg, pool, agents=NodeAgents(driver_node()))
-        members.actors = [None] * (size * request.per_bundle)
-        return members
+        return Holdings(accelerator, bundle, request, pg, pool, agents=NodeAgents(driver_node()), slots=size * request.per_bundle)
 
-    def create(self, members: Members, slots: Sequence[int]) -> List[Any]:
-        """A new worker actor in each of ``slots`` (held in ``members.actors``
-        until ranks are known); slot i sits in bundle i // per_bundle (under
-        the node layout, ``per_bundle`` workers share each node's bundle)."""
-        per_bundle, resource = members.request.per_bundle, members.accelerator.ray_resource
-        actors = [new_worker(members.pg, slot, members.bundle, resource, per_bundle) for slot in slots]
-        members.actors = [*[a for a in members.actors if a is not None], *actors]
+    def create(self, holdings: Holdings, slots: Sequence[int]) -> List[Any]:
+        """A new worker actor in each of ``slots`` (held in ``holdings`` from
+        now on); slot i sits in bundle i // per_bundle (under the node layout,
+        ``per_bundle`` workers share each node's bundle)."""
+        per_bundle, resource = holdings.request.per_bundle, holdings.accelerator.ray_resource
+        actors = [new_worker(holdings.pg, slot, holdings.bundle, resource, per_bundle) for slot in slots]
+        holdings.actors.extend(actors)
         return actors
 
-    def describe(self, members: Members, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
+    def describe(self, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
         """Round trip 1: where each worker landed (node, devices, a free port)."""
         used = frozenset(self._master_ports)
-        return self._await(members, [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
+        return self._await((), [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
 
-    def assign(self, members: Members, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> None:
-        """Ranks from where the workers landed (``actors`` by slot); this attempt's output."""
-        members.workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order, standby)
-        if members.request.node_layout:
-            broken = node_layout_broken(members.workers, members.request.per_bundle)
+    def attempt(self, holdings: Holdings, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> World:
+        """This attempt's world from where its workers landed (``actors`` by
+        slot): ranks, output, round trip 2 (set up), then its watchers."""
+        workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order, standby)
+        if holdings.request.node_layout:
+            broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
-        members.actors = [actors[w.actor_index] for w in members.workers]  # now indexed by rank
-        members.routes = self._logs.attempt(self.restart_count, members.workers)
-        members.output = GroupOutput(members.workers, members.routes, self._router)
+        routes = self._logs.attempt(self.restart_count, workers)
+        world = World(
+            attempt=self.restart_count, actors=tuple(actors[w.actor_index] for w in workers), workers=tuple(workers),
+            contexts=(), routes=tuple(routes), output=GroupOutput(workers, routes, self._router), agents=holdings.agents,
+            relay=DebugRelay(ray.util.get_node_ip_address()), flight_recorder=self.config.flight_recorder,
+        )
+        try:
+            master_port = next(p.free_port for p in placements if p.index == workers[0].actor_index)
+            contexts = self._set_up(holdings, world, master_port)
+        except BaseException:
+            world.end()
+            raise
+        return dataclasses.replace(world, contexts=tuple(contexts), _ending=world._ending, **watchers(self.config, holdings, world, self._stop_group))
 
-    def set_up(self, members: Members, master_port: int) -> None:
+    def _set_up(self, holdings: Holdings, world: World, master_port: int) -> List[Any]:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         self._master_ports.add(master_port)
-        specs = self._specs(members, master_port)
-        members.contexts = self._await(members, [a.setup.remote(s) for a, s in zip(members.actors, specs)], "initialised")
+        specs = self._specs(holdings, world, master_port)
+        return self._await(world.workers, [a.setup.remote(s) for a, s in zip(world.actors, specs)], "initialised", holdings.agents)
 
     def restart(self, node_order: Sequence[str]) -> None:
         """The next attempt: its number, the node order to keep, and the backend's driver side anew."""
@@ -222,13 +231,13 @@ class GroupBuilder:
         self._node_order = tuple(node_order)
         self._hooks.stop()
 
-    def _specs(self, members: Members, master_port: int) -> List[WorkerSpec]:
+    def _specs(self, holdings: Holdings, world: World, master_port: int) -> List[WorkerSpec]:
         """Each rank's spec: torchrun's variables, the node's visible devices
         and this worker's device index, the backend's variables (its driver
-        side starts here), the output markers, then the user's ``env``."""
-        workers, config = members.workers, self.config
+        side starts here), the output markers, the pdb relay, then the user's ``env``."""
+        workers, config = world.workers, self.config
         extra = self._hooks.start(workers)
-        output_env = members.output.worker_env() if members.output is not None else {}
+        shared = {**self._extra_env, **(world.relay.env() if world.relay is not None else {}), **world.output.worker_env()}
         init_kwargs = self._hooks.init_kwargs()
         return [
             WorkerSpec(
@@ -240,48 +249,71 @@ class GroupBuilder:
                     run_id=self._logs.run_id,
                     restart_count=self.restart_count,
                     config=config,
-                    accelerator=members.accelerator,
-                    cpus=members.bundle.get("CPU", 1),
-                    extra={**self._extra_env, **backend_env, **output_env, **self._output_env(members, worker)},
-                    error_file=self._error_file(members, worker),
+                    accelerator=holdings.accelerator,
+                    cpus=holdings.bundle.get("CPU", 1),
+                    extra={**shared, **backend_env, **_output_env(world, worker)},
+                    error_file=_error_file(holdings, world, worker),
                 ),
                 config=config,
-                device_type=members.accelerator.device_type,
+                device_type=holdings.accelerator.device_type,
                 init_kwargs=init_kwargs,
                 backend_entry=self._hooks.entry,
             )
             for worker, backend_env in zip(workers, extra)
         ]
 
-    @staticmethod
-    def _error_file(members: Members, worker: WorkerInfo) -> Optional[str]:
-        """The rank's error.json in its attempt directory, as torchrun puts it,
-        when that directory is on the rank's machine (the driver's node)."""
-        route = members.routes[worker.rank] if worker.rank < len(members.routes) else None
-        if route is None or route.directory is None or worker.node_id != members.agents.local_node:
-            return None
-        return os.path.join(route.directory, "error.json")
-
-    @staticmethod
-    def _output_env(members: Members, worker: WorkerInfo) -> Dict[str, str]:
-        route = members.routes[worker.rank] if worker.rank < len(members.routes) else None
-        return {TRACEBACK_TO_STDERR_VAR: "1"} if route is not None and route.stderr.file else {}
-
-    def _await(self, members: Members, refs: List[ray.ObjectRef], stage: str) -> List[Any]:
+    def _await(self, workers: Sequence[WorkerInfo], refs: List[ray.ObjectRef], stage: str, agents: Optional[NodeAgents] = None) -> List[Any]:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
         with progress(len(refs), f"raydist: workers {stage}") as bar:
-            waited = wait_for_ranks(refs, timeout, members.workers, bar)
+            waited = wait_for_ranks(refs, timeout, workers, bar)
         if waited.failures:
-            failures = explain_deaths(waited.failures, members.workers, members.agents)
+            failures = explain_deaths(waited.failures, workers, agents) if agents is not None else waited.failures
             error = WorkerGroupError(failures)
             error.end = classify_end(failures, waited.pending)
             raise error
         if waited.pending:
-            timed_out = WorkerStartupTimeout(timeout, stage, len(refs), _still_starting(members.workers, waited.pending, stage))
+            timed_out = WorkerStartupTimeout(timeout, stage, len(refs), _still_starting(workers, waited.pending, stage))
             timed_out.end = CallEnd.TIMED_OUT
             raise timed_out
         return waited.results
+
+
+def _error_file(holdings: Holdings, world: World, worker: WorkerInfo) -> Optional[str]:
+    """The rank's error.json in its attempt directory, as torchrun puts it,
+    when that directory is on the rank's machine (the driver's node)."""
+    route = world.routes[worker.rank] if worker.rank < len(world.routes) else None
+    if route is None or route.directory is None or worker.node_id != holdings.agents.local_node:
+        return None
+    return os.path.join(route.directory, "error.json")
+
+
+def _output_env(world: World, worker: WorkerInfo) -> Dict[str, str]:
+    route = world.routes[worker.rank] if worker.rank < len(world.routes) else None
+    return {TRACEBACK_TO_STDERR_VAR: "1"} if route is not None and route.stderr.file else {}
+
+
+def watchers(config: RunConfig, holdings: Holdings, world: World, stop_group: Callable[[], None]) -> Dict[str, Any]:
+    """``world``'s watchers, started: drains (warn the ranks on a draining
+    node; with restart_to_grow, stop the group to grow) and stragglers."""
+    workers, request, sizes = world.workers, holdings.request, config.worker_range
+
+    def warn(ranks: List[int], deadline: float) -> None:
+        world.agents.ask(workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
+
+    def room() -> int:
+        # Whole nodes under the node layout: never a second bundle on a node the group holds.
+        taken = list(dict.fromkeys(w.node_id for w in workers)) if request.node_layout else []
+        more = room_for(request, taken) * request.per_bundle
+        if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
+            seats = {w.actor_index for w in workers} | holdings.spares.bundles()
+            more += len(free_seats(holdings.pg, seats))
+        return min(sizes[1] - len(workers), more) if sizes else 0
+
+    growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
+    drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval).start()
+    watch = StragglerWatch(workers, world.agents).start() if config.flight_recorder else None
+    return {"drains": drains, "watch": watch}
 
 
 def _still_starting(workers: Sequence[WorkerInfo], indices: List[int], stage: str) -> List[str]:

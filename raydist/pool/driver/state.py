@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Dict
+from dataclasses import dataclass, field
+from typing import Dict, Optional
 
 import ray
 
@@ -24,6 +25,29 @@ RELEASE_TIMEOUT = 300.0  # seconds to finish writing the last step to state_dir
 
 def new_state_name() -> str:
     return f"raydist-state-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The name of a run's state, and whether this owner releases it (a run
+    for all its attempts' groups; a bare group for itself)."""
+
+    name: str = field(default_factory=new_state_name)
+    owned: bool = True
+
+    @staticmethod
+    def of(name: Optional[str]) -> "RunState":
+        """A group's state: the run's ``name`` (released by the run), or its own."""
+        return RunState() if name is None else RunState(name, owned=False)
+
+    def env(self, config: RunConfig) -> Dict[str, str]:
+        return state_env(config, self.name)
+
+    def abort(self, attempt: int) -> None:
+        abort_state(self.name, attempt)
+
+    def release(self) -> None:
+        release_state(self.name, self.owned)
 
 
 def state_env(config: RunConfig, name: str) -> Dict[str, str]:

@@ -20,21 +20,17 @@ def classify_end(
     failures: Sequence[WorkerFailure],
     pending: Sequence[int],
     *,
-    cancelled: bool = False,
-    closed: bool = False,
-    grow_by: int = 0,
+    stopped: Optional[CallEnd] = None,
     drained_nodes: Collection[str] = (),
 ) -> CallEnd:
-    """How a call ended, from its failed and unfinished ranks and what the
-    driver did meanwhile (cancel, shut down, stop to grow). What raydist did
-    itself explains the ranks' failures before anything the ranks reported."""
-    finished = not failures and not pending  # every rank's value came back: a later cancel cannot take it
-    if cancelled and not finished:
-        return CallEnd.CANCELLED
-    if grow_by > 0:
-        return CallEnd.GROW
-    if closed and not finished:
-        return CallEnd.SHUT_DOWN
+    """How a call ended, from its failed and unfinished ranks and why the
+    driver stopped the group meanwhile, if it did (``stopped``: CANCELLED,
+    GROW or SHUT_DOWN). What raydist did itself explains the ranks' failures
+    before anything the ranks reported; a call every rank finished keeps
+    its values whatever came after."""
+    finished = not failures and not pending  # every rank's value came back: a later stop cannot take it
+    if stopped is not None and not finished:
+        return stopped
     if failures:
         if any(failure.node_id in drained_nodes for failure in failures):
             return CallEnd.DRAINED
@@ -67,7 +63,9 @@ def decide_restart(
     restarts_left: int,
     driver_node: Optional[str] = None,
 ) -> Decision:
-    """Whether a run whose group raised ``error`` runs again.
+    """Whether a run whose group raised ``error`` runs again. Asked once per
+    failure: by the group for a failed call (kept on the error as
+    ``decision``), by the runner for a failed start.
 
     A preemption and a growth are not counted against ``max_restarts``; a
     dead rank or a lost node are; code that raised only with

@@ -301,4 +301,4 @@ def placement_request(config: "RunConfig", worker: Mapping[str, float], sizes: T
     if config.node_range is not None:
         return Request(dict(worker), config.workers_per_node or 1, config.node_range, "STRICT_SPREAD", selection, True)
     with_spares = (sizes[0] + spares, sizes[1] + spares)
-    return Request(dict(worker), 1, with_spares, config.placement_strategy, selection, spares=spares)
+    return Request(dict(worker), 1, with_spares, config.strategy, selection, spares=spares)

@@ -18,7 +18,7 @@ import ray.cloudpickle
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
-from raydist.pool.worker import debugger
+from raydist.pool.worker import datasets, debugger
 from raydist.pool.worker import exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
@@ -178,6 +178,12 @@ class RayWorker:
             return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
         except BaseException as error:  # noqa: B036 - report everything, the driver decides
             return self._failed(error, started)
+        finally:
+            datasets.end_call()  # this call's dataset shards go with it
+
+    def set_dataset_shards(self, iterators: Mapping[str, Any]) -> None:
+        """The next call's Ray Data iterators (queued just before it)."""
+        datasets.set_shards(iterators)
 
     def _failed(self, error: BaseException, started: float) -> Outcome:
         """The Outcome of a call that raised: its traceback, and its last

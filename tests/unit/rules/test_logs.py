@@ -15,7 +15,7 @@ from raydist.pool.driver.log_files import RankLog, RunLogs
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.logs import console_prefix, line_prefix, rank_route
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 CODES = ["0", "1", "2", "3", "0:1", "1:2", "0:3,1:1", "0:2,2:3"]

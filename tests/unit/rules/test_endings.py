@@ -1,15 +1,13 @@
 """Pure rules of how runs and ranks end: signals named, restart lines, the
 signals `raydist run` handles, Ray's death paragraphs recognised, progress
-off a terminal, a script's atexit handlers reported as Python reports them."""
+off a terminal (a script's atexit handlers, run in real interpreters, are
+in tests/live/test_script_endings.py)."""
 
 from __future__ import annotations
 
 import io
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -77,38 +75,3 @@ def test_a_quick_phase_prints_nothing(capsys: pytest.CaptureFixture) -> None:
     with PlainProgress(2, "raydist: workers started") as bar:
         bar.update(2)
     assert capsys.readouterr().err == ""
-
-
-HANDLERS = """
-import atexit
-def first(): print("first ran")
-def broken(): raise ValueError("broken at exit")
-def last(): print("last ran")
-atexit.register(first)
-atexit.register(broken)
-atexit.register(last)
-atexit.register(print, "unregistered")
-atexit.unregister(print)
-"""
-
-
-def _normalised(text: str) -> str:
-    return re.sub(r"0x[0-9a-f]+", "0x…", re.sub(r'File "[^"]+"', 'File "…"', text))
-
-
-def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
-    at_exit = subprocess.run([sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=60)
-    recorded = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent("""
-            from raydist.pool.worker import exit_hooks
-            exit_hooks.install_recorder()
-            exec(compile(open(0).read(), "<string>", "exec"))
-            exit_hooks.run_recorded()
-            print("after the script")
-            exit_hooks.run_recorded()  # nothing twice
-        """)],
-        input=HANDLERS, capture_output=True, text=True, timeout=60,
-    )
-    assert at_exit.stdout == "last ran\nfirst ran\n"
-    assert recorded.stdout == "last ran\nfirst ran\nafter the script\n"  # and not again at the real exit
-    assert _normalised(recorded.stderr) == _normalised(at_exit.stderr), recorded.stderr + at_exit.stderr

@@ -76,6 +76,8 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "survivor_timeout": [({"survivor_timeout": 0}, ValueError, "survivor_timeout")],
     "state_dir": [({"state_dir": 3}, TypeError, "state_dir"), ({"state_dir": __file__}, ValueError, "not a directory")],
     "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
+    "state_dir": [({"state_dir": 3}, TypeError, "state_dir"), ({"state_dir": __file__}, ValueError, "not a directory")],
+    "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
 }
 # Fields with no bad value at all; each needs a comment saying why. Empty: keep it so.
 FIELDS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset()
@@ -122,6 +124,8 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--restart-mode": [(["--restart-mode", "lukewarm"], "--restart-mode")],
     "--spare-workers": [(["--spare-workers", "1", "--restart-mode", "fresh"], "--spare-workers")],
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
+    "--state-dir": [(["--state-dir", __file__], "not a directory")],
+    "--state-keep": [(["--state-keep", "0"], "--state-keep")],
     "--state-dir": [(["--state-dir", __file__], "not a directory")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
 }

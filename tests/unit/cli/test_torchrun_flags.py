@@ -4,12 +4,9 @@ refused (and ``raydist run`` exits 2 with the table's reason). No Ray."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
@@ -23,23 +20,16 @@ OPTIONS = {field.name for field in dataclasses.fields(RunConfig)}
 ADDED_ELSEWHERE = {"signals_to_handle", "shutdown_timeout"}
 
 
-def torchrun_help() -> str:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun)] if torchrun.exists() else [shutil.which("torchrun") or "torchrun"]
-    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+def torchrun_flags() -> Dict[str, List[str]]:
+    """Each option ``torchrun --help`` lists, by its first long spelling: all
+    its spellings. Read from torchrun's own parser, in this process."""
+    from torch.distributed.run import get_args_parser
 
-
-def torchrun_flags(help_text: str) -> Dict[str, List[str]]:
-    """Each option of torchrun's help, by its first long spelling: all its spellings."""
-    options = help_text.split("\noptions:", 1)[1]
     flags: Dict[str, List[str]] = {}
-    for line in options.splitlines():
-        match = re.match(r"^  (-[^\s].*?)(?:  |$)", line)
-        if not match:
+    for action in get_args_parser()._actions:
+        spellings = list(action.option_strings)
+        if not spellings or action.help == argparse.SUPPRESS:  # the script and its arguments; hidden options
             continue
-        spellings = [part.split()[0] for part in match.group(1).split(", ")]
         longs = [s for s in spellings if s.startswith("--")]
         flags[longs[0] if longs else spellings[0]] = spellings
     return flags
@@ -47,7 +37,7 @@ def torchrun_flags(help_text: str) -> Dict[str, List[str]]:
 
 @pytest.fixture(scope="module")
 def flags() -> Dict[str, List[str]]:
-    found = torchrun_flags(torchrun_help())
+    found = torchrun_flags()
     assert {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--numa-binding", "--virtual-local-rank"} <= set(found)
     return found
 

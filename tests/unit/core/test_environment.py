@@ -26,7 +26,7 @@ from raydist.core.environment import (
     world_info_from_env,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from core_launch import clear_launcher_vars  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -163,7 +163,13 @@ def test_config_backend_checks_use_the_registry() -> None:
     register_backend(demo_entry())
     # A backend other than torch.distributed's is always initialised, as horovod is.
     assert RunConfig(backend="demo", init_process_group=False).backend == "demo"
-    assert RunConfig(backend="horovod", init_process_group=False).horovod
+    # A backend whose library is missing is refused when the config is built, before Ray.
+    register_backend(demo_entry(requires="no_such_module_for_raydist", install_hint="pip install demo-raydist"))
+    try:
+        with pytest.raises(ImportError, match="pip install demo-raydist"):
+            RunConfig(backend="demo")
+    finally:
+        register_backend(demo_entry())
 
 
 def test_every_backend_has_the_uniform_constructor() -> None:
@@ -208,8 +214,9 @@ def test_each_backend_keeps_its_halves_and_entry_in_its_own_package() -> None:
 
 
 def test_config_imports_only_the_core() -> None:
-    outside = {name for name in _raydist_imports(PACKAGE / "config.py") if not name.startswith("raydist.core")}
-    assert not outside
+    for path in sorted((PACKAGE / "config").glob("*.py")):
+        outside = {name for name in _raydist_imports(path) if not name.startswith(("raydist.core", "raydist.config"))}
+        assert not outside, path.name
 
 
 FAKE_BACKEND = '''

@@ -14,7 +14,7 @@ from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.core.accelerators import BY_NAME, CPU
 from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.records import CallEnd, ClusterNode, Outcome, WorkerInfo
+from raydist.pool.records import PHASE_TRANSITIONS, CallEnd, ClusterNode, GroupPhase, Outcome, WorkerInfo, check_transition
 from raydist.pool.rules.explain import NODE_LOST_TEXT
 from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
@@ -113,15 +113,51 @@ def test_a_dead_node_is_a_lost_node_and_a_draining_one_a_preemption() -> None:
 
 def test_what_raydist_did_itself_explains_the_failures_first() -> None:
     failed = [failure(0, died="killed")]
-    assert classify_end(failed, [], cancelled=True) is CallEnd.CANCELLED
-    assert classify_end(failed, [], grow_by=2) is CallEnd.GROW
-    assert classify_end(failed, [], closed=True) is CallEnd.SHUT_DOWN
+    for stopped in (CallEnd.CANCELLED, CallEnd.GROW, CallEnd.SHUT_DOWN):
+        assert classify_end(failed, [], stopped=stopped) is stopped
+        assert classify_end([], [1], stopped=stopped) is stopped
 
 
 def test_a_call_every_rank_finished_keeps_its_values_through_a_later_cancel() -> None:
-    assert classify_end([], [], cancelled=True) is CallEnd.FINISHED
-    assert classify_end([], [], closed=True) is CallEnd.FINISHED
-    assert classify_end([], [1], cancelled=True) is CallEnd.CANCELLED
+    for stopped in (CallEnd.CANCELLED, CallEnd.GROW, CallEnd.SHUT_DOWN):
+        assert classify_end([], [], stopped=stopped) is CallEnd.FINISHED
+
+
+# Every way a call ends -> the restart kind (None: the run raises), without and with retry_on_exception.
+RESTART_TABLE = [
+    (CallEnd.RANK_FAILED, "traceback", None, "failure"),
+    (CallEnd.RANK_FAILED, "died", "failure", "failure"),
+    (CallEnd.NODE_LOST, "died", "node lost", "node lost"),
+    (CallEnd.DRAINED, "died", "preemption", "preemption"),
+    (CallEnd.TIMED_OUT, "traceback", None, None),  # README: a timeout= is never restarted
+    (CallEnd.CANCELLED, "died", None, None),
+    (CallEnd.SHUT_DOWN, "died", None, None),
+]
+
+
+@pytest.mark.parametrize("end, how, plain, retrying", RESTART_TABLE)
+def test_the_restart_policy_for_every_way_a_call_ends(end: CallEnd, how: str, plain: Optional[str], retrying: Optional[str]) -> None:
+    one = failure(0, **({"traceback": "boom"} if how == "traceback" else {"died": NODE_LOST_TEXT if end is CallEnd.NODE_LOST else "killed"}))
+    for retry, expected in ((False, plain), (True, retrying)):
+        error = group_error(end, one, preempted=(one.node_id,) if end is CallEnd.DRAINED else ())
+        decision = decide_restart(error, retry_on_exception=retry, restarts_left=1)
+        assert (decision.restart.kind if decision.restart else None) == expected, (end, retry)
+    grow = WorkerGroupStopped("room for 2")
+    grow.end = CallEnd.GROW
+    assert decide_restart(grow, retry_on_exception=False, restarts_left=0).restart.kind == "scale-up"  # type: ignore[union-attr]
+    assert not decide_restart(WorkerStartupTimeout(1.0, "started", 2, []), retry_on_exception=True, restarts_left=1).restart
+
+
+def test_phases_move_only_along_the_table() -> None:
+    reachable = {GroupPhase.STARTING}
+    for _ in GroupPhase:
+        reachable |= {to for (frm, to) in PHASE_TRANSITIONS if frm in reachable}
+    assert reachable == set(GroupPhase)  # every phase can be reached, CLOSED from every other
+    assert all((phase, GroupPhase.SHUTTING_DOWN) in PHASE_TRANSITIONS for phase in GroupPhase if phase.value not in ("shutting down", "closed"))
+    check_transition(GroupPhase.RESTARTING, GroupPhase.RUNNING)
+    for bad in [(GroupPhase.CLOSED, GroupPhase.RUNNING), (GroupPhase.SHUTTING_DOWN, GroupPhase.RESTARTING), (GroupPhase.STARTING, GroupPhase.RESTARTING)]:
+        with pytest.raises(RuntimeError, match="cannot go from"):
+            check_transition(*bad)
 
 
 def group_error(end: CallEnd, *failures: WorkerFailure, preempted: Tuple[str, ...] = ()) -> WorkerGroupError:

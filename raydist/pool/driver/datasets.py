@@ -1,0 +1,153 @@
+"""A call's Ray Data datasets, split for the world that runs it.
+
+A split belongs to one call and one world: made when the call is sent (one
+``streaming_split`` per split dataset, the ranks' nodes as locality
+hints), released when the call ends; a world's open splits are attached
+to it (``OpenSplits``) and stop with it (a warm restart, a shutdown). Releasing
+stops the split's coordinator actor, which owns the blocks it streams:
+ranks still waiting in its epoch barrier fail at once instead of waiting
+for a reader that died, and no block stays pinned. A retried call (after a
+restart, warm or fresh) gets a fresh split of its new world.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import ray
+
+from raydist.pool.cluster.connect import connected_session
+from raydist.pool.records import WorkerInfo
+from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
+
+__all__ = ["DATASETS", "CallData", "OpenSplits", "WorldSplit", "check_datasets", "warn_without_cpus"]
+
+logger = logging.getLogger("raydist")
+
+DATASETS = "datasets"  # the name a world's open splits are attached under
+
+MISSING_RAY_DATA = "datasets= needs Ray Data, which is not installed: pip install 'raydist[data]' (or 'ray[data]')"
+
+
+@dataclass(frozen=True)
+class CallData:
+    """A call's datasets, checked, and how they are split."""
+
+    datasets: Mapping[str, Any]
+    config: DataConfig = field(default_factory=DataConfig)
+
+
+def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None) -> Optional[CallData]:
+    """``datasets=`` and ``dataset_config=`` checked before anything starts; None without datasets."""
+    config = dataset_config
+    if config is not None and not isinstance(config, DataConfig):
+        raise TypeError(f"dataset_config must be a raydist.DataConfig, got {type(config).__name__}")
+    if not datasets:
+        if datasets is not None and not isinstance(datasets, Mapping):
+            raise TypeError(f"datasets must be a dict of name -> ray.data.Dataset, got {type(datasets).__name__}")
+        return None
+    config = config or DataConfig()
+    check_dataset_names(datasets, config)
+    try:
+        from ray.data import Dataset
+    except ImportError as error:
+        raise ImportError(MISSING_RAY_DATA) from error
+    for name, dataset in datasets.items():
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"datasets[{name!r}] must be a ray.data.Dataset, got {type(dataset).__name__}")
+    return CallData(dict(datasets), config)
+
+
+class WorldSplit:
+    """One call's datasets for one world: each rank's iterators by name."""
+
+    def __init__(self, per_rank: List[Dict[str, Any]], coordinators: List[Any], owner: "OpenSplits"):
+        self.per_rank = per_rank
+        self._coordinators = coordinators
+        self._owner = owner
+
+    def send(self, actors: Sequence[Any]) -> None:
+        """Queue each rank's iterators before its call (an actor runs calls in order)."""
+        for actor, iterators in zip(actors, self.per_rank):
+            actor.set_dataset_shards.remote(iterators)
+
+    def stop(self) -> None:
+        """Stop the split's coordinators (once); the iterators fail from then on."""
+        coordinators, self._coordinators = self._coordinators, []
+        self.per_rank = []
+        self._owner.forget(self)
+        if connected_session() != self._owner.session:
+            return  # its Ray is gone, and the coordinators with it (a kill now would start a new Ray)
+        for actor in coordinators:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead, or Ray is gone
+                pass
+
+
+class OpenSplits:
+    """A world's splits not yet released (all stopped when the world ends)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: List[WorldSplit] = []
+        self.session = connected_session()
+
+    def open(self, data: Optional[CallData], workers: Sequence[WorkerInfo], actors: Sequence[Any]) -> Optional[WorldSplit]:
+        """Split ``data`` for the world ``workers`` (ordered by rank) and queue
+        each rank's part on its actor; None without data."""
+        if data is None:
+            return None
+        hints = [worker.node_id for worker in workers]
+        per_rank: List[Dict[str, Any]] = [{} for _ in workers]
+        coordinators: List[Any] = []
+        split = set(split_names(list(data.datasets), data.config))
+        try:
+            for name, dataset in data.datasets.items():
+                iterators = (
+                    dataset.streaming_split(len(workers), equal=data.config.equal, locality_hints=hints)
+                    if name in split else [dataset.iterator()] * len(workers)
+                )
+                coordinators.extend(_coordinator_of(iterators) if name in split else [])
+                for rank, iterator in enumerate(iterators):
+                    per_rank[rank][name] = iterator
+        except BaseException:
+            WorldSplit([], coordinators, self).stop()
+            raise
+        world = WorldSplit(per_rank, coordinators, self)
+        with self._lock:
+            self._open.append(world)
+        world.send(actors)
+        return world
+
+    def forget(self, world: WorldSplit) -> None:
+        with self._lock:
+            if world in self._open:
+                self._open.remove(world)
+
+    def stop(self) -> None:
+        with self._lock:
+            worlds = list(self._open)
+        for world in worlds:
+            world.stop()
+
+
+def warn_without_cpus(held: Mapping[str, Mapping[str, float]], workers: int) -> None:
+    """Log why reading would hang when no CPU is left for Ray Data's tasks."""
+    try:
+        free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
+    except Exception:  # noqa: BLE001 - only a warning: never fail a call over it
+        return
+    warning = no_cpus_for_data(free, total, sum(amounts.get("CPU", 0.0) for amounts in held.values()), workers)
+    if warning is not None:
+        logger.warning(warning)
+
+
+def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
+    """The split's ``SplitCoordinator`` actor: Ray Data has no public call to
+    stop a split (its coordinator otherwise lives as long as the driver)."""
+    actor = getattr(iterators[0], "_coord_actor", None) if iterators else None
+    return [actor] if actor is not None else []

@@ -1,0 +1,45 @@
+"""A group's phase, changed in one place (``Lifecycle.move``) along the
+transitions ``raydist.pool.records.PHASE_TRANSITIONS`` lists, and why the
+group was stopped (the first cause wins: a shutdown, a cancel, a growth)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from raydist.pool.records import CallEnd, GroupPhase, check_transition
+
+
+class Lifecycle:
+    """The phase, under one short lock; ``changed`` wakes waiters on each move."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # also orders submissions; held only briefly
+        self.changed = threading.Condition(self.lock)
+        self.phase = GroupPhase.STARTING
+        self.stopped: Optional[CallEnd] = None  # why the group was stopped (CANCELLED, GROW, SHUT_DOWN)
+
+    def move(self, to: GroupPhase) -> None:
+        """Change the phase; RuntimeError for a move the table does not list."""
+        with self.lock:
+            check_transition(self.phase, to)
+            self.phase = to
+            self.changed.notify_all()
+
+    def stop(self, cause: CallEnd) -> bool:
+        """Enter SHUTTING_DOWN for ``cause``; False when a stop had begun already."""
+        with self.lock:
+            if self.phase in (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED):
+                return False
+            self.stopped = cause
+            self.move(GroupPhase.SHUTTING_DOWN)
+            return True
+
+    def close(self) -> None:
+        with self.lock:
+            if self.phase is GroupPhase.SHUTTING_DOWN:
+                self.move(GroupPhase.CLOSED)
+
+    @property
+    def closing(self) -> bool:
+        return self.phase in (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED)

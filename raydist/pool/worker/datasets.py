@@ -1,0 +1,179 @@
+"""A rank's Ray Data shards: ``get_dataset_shard`` and ``split_dataset``.
+
+The driver splits a call's ``datasets=`` for the call's world and queues
+each rank's iterators on its actor before the call (``set_shards``); they
+are gone when the call ends (``end_call``), so a later call, or the next
+attempt after a restart, never reads an older world's split. Each shard
+re-cuts Ray Data's batches to exact sizes (``rules.batches.rechunk``): over
+a row-equal split every rank then runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from raydist.pool.rules.batches import rechunk
+
+__all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset"]
+
+_shards: Dict[str, "DatasetShard"] = {}
+_coordinators: List[Any] = []  # split coordinators this rank made in split_dataset during the call
+
+
+class DatasetShard:
+    """This rank's part of a dataset: Ray Data's ``DataIterator`` whose
+    ``iter_batches`` / ``iter_torch_batches`` give batches of exactly
+    ``batch_size`` rows (the last one shorter unless ``drop_last``). Other
+    attributes (``iter_rows``, ``stats``, ...) are the iterator's own."""
+
+    def __init__(self, iterator: Any, name: str = ""):
+        self.iterator = iterator
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"DatasetShard({self.name!r})" if self.name else "DatasetShard()"
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute == "iterator":  # not set yet (unpickling)
+            raise AttributeError(attribute)
+        return getattr(self.iterator, attribute)
+
+    def iter_batches(self, *, batch_size: Optional[int] = 256, drop_last: bool = False, **options: Any) -> Iterator[Any]:
+        """Ray's ``iter_batches`` (same options), in batches of exactly
+        ``batch_size`` rows; ``batch_size=None`` gives Ray's blocks as they come."""
+        batches = self.iterator.iter_batches(batch_size=batch_size, drop_last=False if batch_size else drop_last, **options)
+        if batch_size is None:
+            return iter(batches)
+        return rechunk(batches, batch_size, drop_last)
+
+    def iter_torch_batches(
+        self,
+        *,
+        batch_size: Optional[int] = 256,
+        dtypes: Any = None,
+        device: Union[str, Any] = "auto",
+        collate_fn: Optional[Callable[[Dict[str, Any]], Any]] = None,
+        drop_last: bool = False,
+        **options: Any,
+    ) -> Iterator[Any]:
+        """Ray's ``iter_torch_batches``: exact-size numpy batches made tensors
+        (``dtypes`` one dtype or one per column), or given to ``collate_fn``;
+        ``device="auto"`` is this rank's device."""
+        import torch
+
+        target = _rank_device() if device == "auto" else torch.device(device)
+        for batch in self.iter_batches(batch_size=batch_size, drop_last=drop_last, batch_format="numpy", **options):
+            if collate_fn is not None:
+                yield collate_fn(batch)
+            elif isinstance(batch, dict):
+                yield {key: _tensor(value, dtypes.get(key) if isinstance(dtypes, dict) else dtypes, target) for key, value in batch.items()}
+            else:
+                yield _tensor(batch, dtypes, target)
+
+
+def _rank_device() -> Any:
+    import torch
+
+    from raydist.core.initialize import get_context
+
+    try:
+        return torch.device(get_context().device)
+    except RuntimeError:
+        return torch.device("cpu")
+
+
+def _tensor(array: Any, dtype: Any, device: Any) -> Any:
+    import torch
+
+    return torch.as_tensor(array, dtype=dtype, device=device)
+
+
+def set_shards(iterators: Mapping[str, Any]) -> None:
+    """This call's iterators, by dataset name (sent by the driver before the call)."""
+    _shards.clear()
+    _shards.update({name: DatasetShard(iterator, name) for name, iterator in iterators.items()})
+
+
+def end_call() -> None:
+    """The call ended: forget its shards; stop the splits it made itself."""
+    _shards.clear()
+    coordinators = list(_coordinators)
+    _coordinators.clear()
+    if coordinators:
+        import ray
+
+        for actor in coordinators:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def get_dataset_shard(name: str) -> DatasetShard:
+    """This rank's shard of the dataset given as ``datasets={name: ...}`` to
+    the running call (``raydist.run``, ``WorkerGroup.run`` / ``submit``)."""
+    shard = _shards.get(name)
+    if shard is None:
+        given = ", ".join(map(repr, sorted(_shards))) or "none"
+        raise KeyError(
+            f"no dataset {name!r} was given to this call (given: {given}); pass datasets={{{name!r}: ds}} "
+            "to raydist.run / WorkerGroup.run, or split a dataset inside the call with raydist.split_dataset"
+        )
+    return shard
+
+
+def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
+    """A collective: every rank calls it, and gets its part of rank 0's
+    ``dataset`` (``streaming_split`` over the world, the ranks' nodes as
+    locality hints). ``equal``: the same number of rows on every rank (so
+    the same number of batches); ``False`` takes every row. The split is
+    stopped when the call (or the script) ends."""
+    import ray
+    import ray.cloudpickle
+
+    if not ray.is_initialized():
+        raise RuntimeError("raydist.split_dataset runs inside a raydist worker (raydist.run, WorkerGroup, raydist run)")
+    rank, world_size, all_gather, scatter = _collectives()
+    nodes = all_gather(ray.get_runtime_context().get_node_id())
+    parts: Optional[List[Any]] = None
+    if rank == 0:
+        try:
+            iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
+            _coordinators.extend(_coordinator_of(iterators))
+            parts = [("ok", ray.cloudpickle.dumps(iterator)) for iterator in iterators]
+        except Exception as error:  # noqa: BLE001 - every rank must learn it, not wait in the scatter
+            parts = [("error", f"{type(error).__name__}: {error}")] * world_size
+    status, payload = scatter(parts)
+    if status != "ok":
+        raise RuntimeError(f"raydist.split_dataset: rank 0 could not split the dataset: {payload}")
+    return DatasetShard(ray.cloudpickle.loads(payload))
+
+
+def _collectives() -> Tuple[int, int, Callable[[Any], List[Any]], Callable[[Optional[List[Any]]], Any]]:
+    """Rank, world size, all-gather and scatter of objects: torch.distributed's
+    where a process group is up (a torchrun script starts its own), else raydist's."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        def gather(obj: Any) -> List[Any]:
+            out: List[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(out, obj)
+            return out
+
+        def scatter(objs: Optional[List[Any]]) -> Any:
+            out: List[Any] = [None]
+            dist.scatter_object_list(out, objs, src=0)
+            return out[0]
+
+        return dist.get_rank(), dist.get_world_size(), gather, scatter
+    from raydist.core import collectives
+    from raydist.core.initialize import get_context
+
+    info = get_context()  # horovod, or a world of one
+    return info.rank, info.world_size, collectives.all_gather_object, collectives.scatter_object
+
+
+def _coordinator_of(iterators: List[Any]) -> List[Any]:
+    """The split's coordinator actor (Ray Data has no public way to stop a split)."""
+    actor = getattr(iterators[0], "_coord_actor", None) if iterators else None
+    return [actor] if actor is not None else []
