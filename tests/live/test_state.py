@@ -14,16 +14,15 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 import ray
 import torch
 
 import raydist
-from conftest import REPO, start_cluster, use_local_ray
+from conftest import REPO, assert_nothing_left, use_local_ray, wait_for
 from state_ddp import train
 
 pytestmark = pytest.mark.timeout(600)
@@ -33,24 +32,8 @@ SCRIPT = REPO / "tests" / "live" / "state_ddp.py"
 RUN_TIMEOUT_S = 300
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)  # polling what the ranks (or Ray) show, with a deadline
-
-
 def state_actors() -> List[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("raydist-state")]
-
-
-def live_keepers() -> List[Any]:
-    """The keeper and its holders, named or not, that are not dead."""
-    from ray.util.state import list_actors
-
-    from conftest import ray_address
-
-    return [a for a in list_actors(address=ray_address(), filters=[("state", "!=", "DEAD")]) if a.class_name == "StateKeeper"]
 
 
 def store_bytes() -> int:
@@ -72,11 +55,18 @@ def assert_resumed(results: List[Dict[str, Any]], reference: List[Dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def reference() -> List[Dict[str, Any]]:
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the reference run's per-rank state (4 ranks) is written."""
+    return tmp_path_factory.mktemp("reference_state")
+
+
+@pytest.fixture(scope="module")
+def reference(reference_dir: Path) -> List[Dict[str, Any]]:
+    """The run without a failure; its state_dir also serves the world-size test."""
     use_local_ray()
-    results = raydist.run(train, args=(STEPS,), num_workers=4)
+    results = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=str(reference_dir))
     assert [r["resumed"] for r in results] == [None] * 4  # a first attempt finds nothing
-    wait_for(lambda: not state_actors(), 30, "the run's keeper to go")
+    assert_nothing_left()  # the run's keeper went with it
     return results
 
 
@@ -93,7 +83,7 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
     assert_resumed(results, reference)
     if options.get("restart_mode") != "fresh":  # ranks 0, 2, 3 kept their process and loaded from memory
         assert len({r["pid"] for r in results}) == 4
-    wait_for(lambda: not state_actors(), 30, "the run's keeper to go")
+    assert_nothing_left(within=30, files=False)  # the run's keeper went with it (a crashed rank's files may stay)
 
 
 @pytest.mark.parametrize("mode", ["warm", "fresh"])
@@ -145,13 +135,15 @@ def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(refe
     assert not state_actors()
 
 
-def test_per_rank_state_refuses_another_world_size_and_shared_state_loads_anywhere(tmp_path: Path) -> None:
-    raydist.run(train, args=(3,), num_workers=4, state_dir=str(tmp_path / "own"))
+def test_per_rank_state_refuses_another_world_size_and_shared_state_loads_anywhere(
+    reference: List[Dict[str, Any]], reference_dir: Path, tmp_path: Path
+) -> None:
+    # The reference run's per-rank state: 4 ranks.
     with pytest.raises(raydist.WorkerGroupError, match="saved by 4 ranks with per-rank state.*this world has 2 ranks"):
-        raydist.run(train, args=(4,), num_workers=2, state_dir=str(tmp_path / "own"))
-    raydist.run(train, args=(3,), kwargs={"shared": True}, num_workers=4, state_dir=str(tmp_path / "shared"))
-    results = raydist.run(train, args=(4,), kwargs={"shared": True}, num_workers=2, state_dir=str(tmp_path / "shared"))
-    assert [r["resumed"] for r in results] == [2, 2]
+        raydist.run(train, args=(STEPS + 1,), num_workers=2, state_dir=str(reference_dir))
+    raydist.run(train, args=(3,), kwargs={"shared": True}, num_workers=2, state_dir=str(tmp_path))
+    results = raydist.run(train, args=(4,), kwargs={"shared": True}, num_workers=1, state_dir=str(tmp_path))
+    assert [r["resumed"] for r in results] == [2]
 
 
 def save_big(saves: int, megabytes: int) -> Dict[str, int]:
@@ -159,34 +151,31 @@ def save_big(saves: int, megabytes: int) -> Dict[str, int]:
     rank 0 reads what the holders keep after each."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     tensor = torch.zeros(megabytes * 2**20 // 4 // world)
-    most = 0
+    most, keeper = 0, None
     for step in range(saves):
         tensor += 1
         raydist.save_state(step, weights={"t": tensor})
         if rank == 0 and step > 0:  # step - 1 is committed now (this save waited for it)
-            keeper = ray.get_actor(json.loads(os.environ["RAYDIST_STATE"])["name"], namespace="raydist-state")
+            if keeper is None:  # made by the first save; looked up once
+                keeper = ray.get_actor(json.loads(os.environ["RAYDIST_STATE"])["name"], namespace="raydist-state")
             holders = ray.get(keeper.holders.remote())
             most = max(most, sum(ray.get([h.held_bytes.remote() for _, h in holders])))
     return {"most": most}
 
 
-def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(reference: List[Dict[str, Any]]) -> None:
+def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -> None:
     results = raydist.run(save_big, args=(50, 100), num_workers=2)
     state = 100 * 2**20
     # Two places, at most two steps (the committed one and the one being written).
     assert 0 < results[0]["most"] <= 2 * 2 * state * 1.01
-    wait_for(lambda: not live_keepers(), 30, "the keeper and its holders to go")
+    assert_nothing_left(within=30)  # the keeper and its holders too
     wait_for(lambda: store_bytes() == 0, 30, "the object store to be empty")
 
 
-# -- a simulated 2-node cluster (last: it replaces the local Ray) ----------------------
+# -- a simulated 2-node cluster (ordered after the local Ray's tests) ----------------
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield start_cluster([{"num_cpus": 4}, {"num_cpus": 2}])
-
-
+@pytest.mark.nodes({"num_cpus": 4}, {"num_cpus": 2})
 def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], cluster: Any, tmp_path: Path) -> None:
     outcome: Dict[str, Any] = {}
 
@@ -207,3 +196,4 @@ def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], clus
     thread.join(RUN_TIMEOUT_S)
     assert "error" not in outcome, outcome.get("error")
     assert_resumed(outcome["results"], reference)
+    assert_nothing_left(within=30, files=False)  # the lost node's workers left their files
