@@ -32,6 +32,9 @@ _EXPORTS = {
     "shutdown": "raydist.core.initialize",
     "RunConfig": "raydist.config",
     "preemption_requested": "raydist.core.preemption",
+    "save_state": "raydist.core.state",
+    "load_state": "raydist.core.state",
+    "StateSizeError": "raydist.core.state",
     # The pool: Ray.
     "run": "raydist.api",
     "WorkerGroup": "raydist.pool.driver.group",
@@ -60,6 +63,7 @@ if TYPE_CHECKING:
     from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
     from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
     from raydist.core.preemption import preemption_requested
+    from raydist.core.state import StateSizeError, load_state, save_state
     from raydist.errors import (
         InfeasibleResourcesError,
         RaydistError,

@@ -28,7 +28,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), s
 sys.path[:0] = [str(REPO / "tests")]
 
 LOCAL_CPUS = 4
-RAYDIST_ACTORS = ("RayWorker", "NodeAgent")
+RAYDIST_ACTORS = ("RayWorker", "NodeAgent", "StateKeeper")  # StateKeeper: save_state's keeper and holders
 
 
 def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":

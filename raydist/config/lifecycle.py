@@ -3,6 +3,7 @@ restarts, signals; each with its checks."""
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any, Tuple
 
@@ -179,5 +180,37 @@ SURVIVOR_TIMEOUT = Option(
         "--survivor-timeout", parse=parse_seconds, metavar="SECONDS",
         help="in a warm restart, how long a surviving worker may take to return from the failed "
         "attempt before it is killed and replaced by a new process (default {default:g})",
+    ),
+)
+
+
+def check_state_dir(name: str, value: Any) -> str:
+    """A directory for committed save_state steps: a local path, not an existing file."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a directory path, not {type_name(value)} {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"{name} must name a directory, got {value!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory")
+    return os.path.abspath(path)
+
+
+STATE_DIR = Option(
+    None, check=optional(check_state_dir),
+    doc="a directory where committed ``save_state`` steps are also written (by the driver's node, "
+    "in the background); a new run resumes from the newest one there.",
+    flag=flag(
+        "--state-dir", metavar="DIR",
+        help="also write committed save_state steps to DIR (on the driver's machine) in the background, "
+        "and resume from the newest one there when a new run starts; a step cut short is never loaded",
+    ),
+)
+STATE_KEEP = Option(
+    2, check=at_least(1),
+    doc="committed steps kept in ``state_dir``.",
+    flag=flag(
+        "--state-keep", parse=parse_int, metavar="N",
+        help="committed steps kept in --state-dir (default {default})",
     ),
 )

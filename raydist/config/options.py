@@ -64,6 +64,8 @@ class RunConfig:
     restart_mode: str = life.RESTART_MODE.field()
     spare_workers: int = life.SPARE_WORKERS.field()
     survivor_timeout: float = life.SURVIVOR_TIMEOUT.field()
+    state_dir: Optional[str] = life.STATE_DIR.field()
+    state_keep: int = life.STATE_KEEP.field()
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):  # each option alone, normalised in place (frozen)

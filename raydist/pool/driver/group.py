@@ -32,6 +32,7 @@ from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import OutputRouter
 from raydist.pool.driver.restart import RestartAborted, restart_in_place
 from raydist.pool.driver.startup import GroupBuilder, Holdings, release
+from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
@@ -65,8 +66,9 @@ class WorkerGroup:
         self._open(make_config(config, options))
 
     def _open(self, config: RunConfig, restart_count: int = 0, logs: Optional[RunLogs] = None,
-              node_order: Sequence[str] = (), restarts_used: int = 0) -> None:
+              node_order: Sequence[str] = (), restarts_used: int = 0, state_name: Optional[str] = None) -> None:
         self.config = config
+        self._state = RunState.of(state_name)  # save_state's copies: the run's, or this group's own
         self._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
         self._life = Lifecycle()
         self._calls = 0
@@ -75,7 +77,9 @@ class WorkerGroup:
         self._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
         connect(config.address, startup_timeout=config.startup_timeout)
         self._session = connected_session()
-        self._builder = GroupBuilder(config, self._hooks, logs or RunLogs(config), _router(config), _grow_stopper(self), restart_count, node_order)
+        self._builder = GroupBuilder(
+            config, self._hooks, logs or RunLogs(config), _router(config), _grow_stopper(self), restart_count, node_order, self._state.env(config)
+        )
         try:
             self._holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
             world = self._builder.build(self._holdings)
@@ -220,6 +224,7 @@ class WorkerGroup:
             world.stop_watching()  # kept: what it saw explains the failure
         if holdings is not None and connected_session() == self._session:
             release(holdings, world.workers if world is not None else (), graceful and first)
+            self._state.release()  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         if world is not None:
             # A rank whose value could not come back marked only what it printed: not waited for.
@@ -242,11 +247,14 @@ class WorkerGroup:
                 pass
 
 
-def start_group(config: RunConfig, *, restart_count: int, logs: RunLogs, node_order: Sequence[str], restarts_used: int) -> WorkerGroup:
+def start_group(
+    config: RunConfig, *, restart_count: int, logs: RunLogs, node_order: Sequence[str], restarts_used: int, state_name: Optional[str] = None
+) -> WorkerGroup:
     """One attempt of a run (``raydist.run``, ``raydist run``): its number,
-    the run's logs, the node order to keep and the restarts already counted."""
+    the run's logs, the node order to keep, the restarts already counted and
+    the run's training-state name (the run releases that state, not the group)."""
     group = WorkerGroup.__new__(WorkerGroup)
-    group._open(config, restart_count, logs, node_order, restarts_used)
+    group._open(config, restart_count, logs, node_order, restarts_used, state_name)
     return group
 
 
@@ -315,6 +323,7 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     if end is CallEnd.FINISHED:
         return world.settle_output(future.number, waited.results)
     ended = error_for(end, world, waited, failures, limit or 0.0)
+    group._state.abort(world.attempt)  # no rank waits on a step a dead rank never saves
     decision = decide_restart(
         ended, retry_on_exception=group.config.retry_on_exception,
         restarts_left=group.config.max_restarts - group._restarts_used, driver_node=ray.get_runtime_context().get_node_id(),

@@ -23,6 +23,7 @@ from raydist.pool.cluster.placement import wait_until_released
 from raydist.pool.driver.datasets import CallData
 from raydist.pool.driver.group import WorkerGroup, start_group
 from raydist.pool.driver.log_files import RunLogs
+from raydist.pool.driver.state import new_state_name, release_state
 from raydist.pool.rules.policy import Decision, decide_restart, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
 
@@ -37,6 +38,7 @@ class Attempts:
     counted: int = 0  # restarts counted against max_restarts
     size: int = 0  # the last started attempt's world size
     started: bool = False  # whether the latest attempt's group started
+    state_name: str = field(default_factory=new_state_name)  # save_state's copies outlive every attempt's group
     node_order: List[str] = field(default_factory=list)  # the last attempt's nodes, in node-rank order
     held: Dict[str, Dict[str, float]] = field(default_factory=dict)  # what its workers held, per node
     failed_at: Optional[float] = None  # when the last attempt failed (time.time())
@@ -66,6 +68,7 @@ def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] =
     finally:
         if group is not None:
             group.shutdown()
+        release_state(attempts.state_name)
 
 
 def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
@@ -73,7 +76,10 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
     if attempts.held:
         wait_until_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
-    group = start_group(config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted)
+    group = start_group(
+        config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted,
+        state_name=attempts.state_name,
+    )
     if number:
         logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
         seconds = time.time() - (attempts.failed_at or time.time())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -127,8 +127,10 @@ class GroupBuilder:
         stop_group: Callable[[], None],
         restart_count: int = 0,
         node_order: Sequence[str] = (),
+        extra_env: Optional[Mapping[str, str]] = None,
     ):
         self.config = config
+        self._extra_env = dict(extra_env or {})  # the run's variables for every rank (its training state)
         self._hooks = hooks
         self._logs = logs
         self._router = router
@@ -235,7 +237,7 @@ class GroupBuilder:
         side starts here), the output markers, the pdb relay, then the user's ``env``."""
         workers, config = world.workers, self.config
         extra = self._hooks.start(workers)
-        shared = {**(world.relay.env() if world.relay is not None else {}), **world.output.worker_env()}
+        shared = {**self._extra_env, **(world.relay.env() if world.relay is not None else {}), **world.output.worker_env()}
         init_kwargs = self._hooks.init_kwargs()
         return [
             WorkerSpec(

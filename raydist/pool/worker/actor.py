@@ -19,7 +19,7 @@ from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import datasets, debugger
-from raydist.pool.worker import exit_hooks
+from raydist.pool.worker import exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
@@ -129,6 +129,7 @@ class RayWorker:
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={spec.worker.rank}", file=stream, flush=True)
         os.environ.update(spec.env)
+        state_client.install(spec.env)  # save_state/load_state keep copies with the run's holders
         debugger.install()  # breakpoint() opens pdb in the driver's terminal, not Ray's debugpy hook
         self._post_mortem = spec.config.post_mortem
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
@@ -168,9 +169,11 @@ class RayWorker:
             fn, args, kwargs = ray.cloudpickle.loads(call)
             with user_code_interruptible():  # a forwarded SIGINT: KeyboardInterrupt here, death elsewhere
                 value = fn(*args, **kwargs)
+            state_client.flush()  # the last saved step reaches its holders before the call ends
             self._returned_type = f"{type(value).__module__}.{type(value).__qualname__}"
             return Outcome(value=value)
         except SystemExit as stop:
+            state_client.flush()
             code = _exit_code(stop.code)
             return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
         except BaseException as error:  # noqa: B036 - report everything, the driver decides

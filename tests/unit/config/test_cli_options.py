@@ -124,6 +124,7 @@ def config_of(argv: List[str]) -> RunConfig:
             ["--restart-mode", "WARM", "--spare-workers", "2", "--survivor-timeout", "3"],
             {"restart_mode": "warm", "spare_workers": 2, "survivor_timeout": 3.0},
         ),
+        (["--state-dir", "ckpt", "--state-keep", "3"], {"state_dir": "ckpt", "state_keep": 3}),
     ],
 )
 def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> None:
@@ -153,6 +154,8 @@ def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> No
         (["--monitor-interval", "0"], "--monitor-interval must be a positive"),
         (["--spare-workers", "1"], "--spare-workers take dead ranks' places in warm restarts: they need --restart-mode='warm'"),
         (["--survivor-timeout", "0"], "--survivor-timeout must be a positive"),
+        (["--state-dir", __file__], "exists and is not a directory"),
+        (["--state-keep", "0"], "--state-keep must be >= 1"),
     ],
 )
 def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> None:

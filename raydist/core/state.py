@@ -1,0 +1,246 @@
+"""``save_state`` / ``load_state``: training state that survives a failure.
+
+``save_state`` copies the objects' state to host memory (the only part the
+training loop waits for) and hands the copy to the active store, which
+keeps it in the background. Under raydist the pool registers its store
+(copies held by actors that outlive the ranks); elsewhere (plain torchrun or
+python) the store is a directory, ``RAYDIST_STATE_DIR``; with neither, both
+calls do nothing and ``load_state`` returns None, so a script stays portable.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+from raydist.core import state_files
+from raydist.core.state_files import SnapshotMeta
+
+STATE_DIR_VAR = "RAYDIST_STATE_DIR"
+STATE_KEEP_VAR = "RAYDIST_STATE_KEEP"
+DEFAULT_KEEP = 2
+
+__all__ = ["save_state", "load_state", "set_store", "StateStore", "Snapshot", "StateSizeError"]
+
+
+class StateSizeError(ValueError):
+    """Per-rank state saved by one world size, loaded into another."""
+
+
+@dataclass
+class Snapshot:
+    """One rank's host copy of one step: shared state and its own."""
+
+    step: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    shared: Dict[str, Any] = field(default_factory=dict)
+    own: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> SnapshotMeta:
+        return SnapshotMeta(self.step, self.world_size, tuple(sorted(self.shared)), tuple(sorted(self.own)))
+
+
+class StateStore:
+    """Where snapshots go; ``load`` gives the newest committed one as (meta, shared, own)."""
+
+    def save(self, snapshot: Snapshot) -> None:
+        raise NotImplementedError
+
+    def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
+        raise NotImplementedError
+
+
+_store: Optional[StateStore] = None
+_dir_stores: Dict[str, "DirStore"] = {}
+
+
+def set_store(store: Optional[StateStore]) -> None:
+    """The store of this process (the pool sets its own in each worker)."""
+    global _store
+    _store = store
+
+
+def _active() -> Optional[StateStore]:
+    if _store is not None:
+        return _store
+    root = os.environ.get(STATE_DIR_VAR)
+    if not root:
+        return None
+    if root not in _dir_stores:
+        _dir_stores[root] = DirStore(root, int(os.environ.get(STATE_KEEP_VAR, DEFAULT_KEEP)))
+    return _dir_stores[root]
+
+
+def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None:
+    """Keep the state of ``objects`` as of ``step``; returns once it is copied to host memory.
+
+    ``objects``: things with ``state_dict()`` (modules, optimizers, schedulers,
+    GradScaler, torch DCP's ``Stateful``) or plain picklable values. ``shared``
+    names those whose state is the same on every rank (DDP's model and
+    optimizer): kept once per node, and loadable into a world of any size.
+    Every rank must call it with the same ``step``; the step is committed once
+    every rank's copy is kept in two places. Without a store (no raydist, no
+    ``RAYDIST_STATE_DIR``) it does nothing.
+    """
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"save_state: step must be an int >= 0, got {step!r}")
+    names = _check_shared(shared, objects)
+    store = _active()
+    if store is None:
+        return
+    rank, world_size, local_rank, local_world_size = _whoami()
+    snapshot = Snapshot(step, rank, world_size, local_rank, local_world_size)
+    for name, obj in objects.items():
+        state = host_copy(obj.state_dict() if hasattr(obj, "state_dict") else obj)
+        (snapshot.shared if name in names else snapshot.own)[name] = state
+    store.save(snapshot)
+
+
+def load_state(**objects: Any) -> Optional[int]:
+    """Load the newest committed step into ``objects`` and return the step, or None.
+
+    None when nothing was committed (a first attempt), or without a store.
+    Objects with ``load_state_dict`` get it called; a dict or list saved as a
+    plain value is updated in place. Raises ``StateSizeError`` when per-rank
+    state saved by a world of one size would be loaded into another.
+    """
+    store = _active()
+    if store is None:
+        return None
+    rank, world_size, _, _ = _whoami()
+    found = store.load(rank, world_size)
+    if found is None:
+        return None
+    meta, shared, own = found
+    states = {**shared, **own}
+    missing = sorted(set(objects) - set(states))
+    if missing:
+        raise KeyError(f"load_state: step {meta.step} holds no state named {', '.join(missing)} (it holds {', '.join(sorted(states))})")
+    for name, obj in objects.items():
+        _apply(name, obj, states[name])
+    return meta.step
+
+
+def check_world(meta: SnapshotMeta, world_size: int) -> None:
+    """Per-rank state cannot be split or merged: refuse a world of another size."""
+    if meta.own and meta.world_size != world_size:
+        raise StateSizeError(
+            f"load_state: step {meta.step} was saved by {meta.world_size} ranks with per-rank state "
+            f"({', '.join(meta.own)}); this world has {world_size} ranks. Per-rank state loads only into a "
+            f"world of {meta.world_size}: save what every rank holds the same with save_state(..., shared=[...]) "
+            "(it loads into any size), and rebuild the rest (a data position: from the step)"
+        )
+
+
+def host_copy(value: Any) -> Any:
+    """A copy on the host that later training cannot change: tensors copied to
+    CPU (into pinned memory when they come from CUDA), containers rebuilt."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if tensor.device.type == "cpu":
+            return tensor.clone()
+        pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
+        return pinned.copy_(tensor)
+    if isinstance(value, dict):
+        copied = {k: host_copy(v) for k, v in value.items()}
+        if type(value) is not dict:  # a module's OrderedDict keeps its _metadata (versions read by load)
+            rebuilt = type(value)(copied)
+            if hasattr(value, "_metadata"):
+                rebuilt._metadata = copy.deepcopy(value._metadata)  # type: ignore[attr-defined]
+            return rebuilt
+        return copied
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(host_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def to_bytes(states: Dict[str, Any]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> Dict[str, Any]:
+    import torch
+
+    # Our own snapshot (any picklable value), not an untrusted file.
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _apply(name: str, obj: Any, state: Any) -> None:
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(state)
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(state)
+    elif isinstance(obj, list):
+        obj[:] = state
+    else:
+        raise TypeError(f"load_state: {name} is a {type(obj).__name__}: pass an object with load_state_dict(), or a dict or list")
+
+
+def _check_shared(shared: Iterable[str], objects: Dict[str, Any]) -> frozenset:
+    names = frozenset([shared] if isinstance(shared, str) else shared)
+    unknown = sorted(names - set(objects))
+    if unknown:
+        raise ValueError(f"save_state: shared names {', '.join(unknown)}, which are not among the objects given")
+    if not objects:
+        raise ValueError("save_state: give the objects to keep as keywords (model=model, optimizer=optimizer)")
+    return names
+
+
+def _whoami() -> Tuple[int, int, int, int]:
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    return int(env.get("RANK", "0")), world, int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+class DirStore(StateStore):
+    """Snapshots in a directory, written by each rank in the background (outside raydist)."""
+
+    def __init__(self, root: str, keep: int):
+        self.root, self.keep = root, max(1, keep)
+        self._writing: Optional[threading.Thread] = None
+
+    def save(self, snapshot: Snapshot) -> None:
+        if self._writing is not None:
+            self._writing.join()  # one step in flight at a time: memory stays bounded
+        # Not a daemon: the interpreter waits for the last write at exit.
+        self._writing = threading.Thread(target=self._write, args=(snapshot,), name="raydist-state-write")
+        self._writing.start()
+
+    def _write(self, snapshot: Snapshot) -> None:
+        meta = snapshot.meta
+        parts = {state_files.rank_key(snapshot.rank): snapshot.own} if snapshot.own else {}
+        if snapshot.shared and snapshot.rank == 0:
+            parts[state_files.SHARED] = snapshot.shared
+        committed = False
+        for key, states in parts.items():
+            committed = state_files.write_part(self.root, meta, key, to_bytes(states)) or committed
+        if not parts:
+            committed = state_files.commit_if_complete(self.root, meta)
+        if committed:
+            state_files.prune(self.root, self.keep)
+
+    def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
+        if self._writing is not None:
+            self._writing.join()
+        meta = state_files.newest(self.root)
+        if meta is None:
+            return None
+        check_world(meta, world_size)
+        shared = from_bytes(state_files.read_part(self.root, meta.step, state_files.SHARED)) if meta.shared else {}
+        own = from_bytes(state_files.read_part(self.root, meta.step, state_files.rank_key(rank))) if meta.own else {}
+        return meta, shared, own

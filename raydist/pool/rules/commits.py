@@ -1,0 +1,82 @@
+"""When a step of training state is committed (Ray-free bookkeeping of the keeper).
+
+A rank acknowledges step S once its copies are held in their places; S is
+committed when every rank of the world acknowledged it. Only the newest
+world counts: the first word from a newer attempt (a save or a load) drops
+what an older world left uncommitted, so a rank of a dead world can never
+complete a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from raydist.core.state_files import SnapshotMeta
+
+Locations = Dict[str, List[int]]  # part key -> the holders (by index) that keep it
+
+
+@dataclass
+class Committed:
+    """The newest committed step: what it holds and where each part is."""
+
+    meta: SnapshotMeta
+    locations: Locations
+    world: int
+
+
+@dataclass
+class _Pending:
+    meta: SnapshotMeta
+    ranks: Set[int] = field(default_factory=set)
+    locations: Locations = field(default_factory=dict)
+
+
+class CommitLog:
+    """Acknowledgements per step of the current world, and the last commit."""
+
+    def __init__(self) -> None:
+        self.world = -1
+        self.committed: Optional[Committed] = None
+        self._pending: Dict[int, _Pending] = {}
+
+    def enter(self, world: int) -> Tuple[bool, List[int]]:
+        """A word from ``world``: (whether it is current, the steps it aborted)."""
+        if world < self.world:
+            return False, []
+        aborted: List[int] = []
+        if world > self.world:
+            aborted, self._pending = list(self._pending), {}
+            self.world = world
+        return True, aborted
+
+    def ack(self, world: int, rank: int, meta: SnapshotMeta, locations: Locations) -> Tuple[bool, List[int]]:
+        """Rank ``rank`` holds its copies of ``meta.step``: (committed now, steps aborted)."""
+        current, aborted = self.enter(world)
+        if not current:
+            return False, aborted
+        pending = self._pending.setdefault(meta.step, _Pending(meta))
+        if pending.meta.world_size != meta.world_size or not 0 <= rank < meta.world_size:
+            raise ValueError(f"step {meta.step}: rank {rank} of {meta.world_size} does not fit a world of {pending.meta.world_size}")
+        pending.ranks.add(rank)
+        for key, holders in locations.items():
+            pending.locations[key] = sorted(set(pending.locations.get(key, [])) | set(holders))
+        if len(pending.ranks) < meta.world_size or not self._complete(pending):
+            return False, aborted
+        self.committed = Committed(pending.meta, pending.locations, world)
+        # Older uncommitted steps can never be needed now.
+        for step in [s for s in self._pending if s <= meta.step]:
+            del self._pending[step]
+        return True, aborted
+
+    @staticmethod
+    def _complete(pending: _Pending) -> bool:
+        return all(key in pending.locations for key in pending.meta.parts())
+
+    def needed(self) -> Set[int]:
+        """The steps holders must keep: the committed one and those being written."""
+        steps = set(self._pending)
+        if self.committed is not None:
+            steps.add(self.committed.meta.step)
+        return steps

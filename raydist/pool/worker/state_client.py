@@ -1,0 +1,194 @@
+"""The store of ``save_state`` / ``load_state`` inside a raydist rank.
+
+A rank keeps its own host copies (the committed step and the one being
+written: a survivor of a warm restart loads from them) and sends each part
+in the background to two holders: the one on its own node and one on
+another node (a second process on a one-node cluster). Objects put in the
+object store by a rank die with it, so the holders copy the bytes into their
+own memory. The rank then acknowledges the step to the primary keeper;
+the next ``save_state`` waits until that step is committed, so the holders
+never keep more than two steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raydist.core import state
+from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy, to_bytes
+from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
+from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
+
+SETTINGS_VAR = "RAYDIST_STATE"
+NAMESPACE = "raydist-state"
+FLUSH_TIMEOUT = 120.0  # seconds a finished call waits for its last step to reach the holders
+
+_stores: Dict[str, "RayStateStore"] = {}
+
+
+def install(env: Mapping[str, str]) -> None:
+    """Make the run's store this process's (the same one across attempts: it keeps the own copies)."""
+    text = env.get(SETTINGS_VAR)
+    if not text:
+        return
+    settings = json.loads(text)
+    store = _stores.setdefault(settings["name"], RayStateStore(settings))
+    state.set_store(store)
+
+
+def flush() -> None:
+    """Wait until the step being sent has reached its holders (a call ends only then)."""
+    for store in _stores.values():
+        store.flush()
+
+
+class RayStateStore(StateStore):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self._settings = dict(settings)
+        self._keeper: Any = None
+        self._holders: List[Tuple[str, Any]] = []
+        self._dead: Set[int] = set()
+        self._own: Dict[int, Snapshot] = {}
+        self._lock = threading.Lock()
+        self._sending: Optional[threading.Thread] = None
+        self._sending_world = -1
+        self._sent = threading.Event()
+        self._sent.set()
+
+    # -- save -------------------------------------------------------------------
+
+    def save(self, snapshot: Snapshot) -> None:
+        world = _world()
+        if self._sending is not None and self._sending_world == world:
+            self._sending.join()  # the previous step is committed (or aborted): two steps at most
+        with self._lock:
+            self._own[snapshot.step] = snapshot
+            for step in sorted(self._own)[:-2]:
+                del self._own[step]
+        self._sent.clear()
+        self._sending_world = world
+        self._sending = threading.Thread(target=self._send, args=(snapshot, world), daemon=True, name="raydist-state-send")
+        self._sending.start()
+
+    def flush(self) -> None:
+        self._sent.wait(FLUSH_TIMEOUT)
+
+    def _send(self, snapshot: Snapshot, world: int) -> None:
+        try:
+            keeper = self._keeper_handle(create=True)
+            locations: Dict[str, List[int]] = {}
+            for key, states, copies in _parts(snapshot):
+                data = ray.put(to_bytes(states))
+                locations[key] = self._store(snapshot.step, key, data, copies)
+                del data  # the rank's own object: freed once the holders copied it
+            waiting = keeper.ack.remote(world, snapshot.rank, snapshot.meta.to_json(), locations)
+            ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
+            self._sent.set()
+            if ray.get(waiting):
+                with self._lock:  # the committed step is the oldest worth keeping
+                    for step in [s for s in self._own if s < snapshot.step]:
+                        del self._own[step]
+        except Exception as error:  # noqa: BLE001 - the step stays uncommitted; training goes on
+            print(f"raydist: rank {snapshot.rank} could not keep step {snapshot.step}: {error!r}", file=sys.stderr, flush=True)
+        finally:
+            self._sent.set()
+
+    def _store(self, step: int, key: str, data: Any, copies: int) -> List[int]:
+        """Send a part to ``copies`` holders (own node first, then another node); the ones that took it."""
+        holders = self._holder_list()
+        here = ray.get_runtime_context().get_node_id()
+        local = [i for i, (node, _) in enumerate(holders) if node == here]
+        others = [i for i, (node, _) in enumerate(holders) if node != here]
+        order = [i for i in local[:1] + others + local[1:] if i not in self._dead]
+        kept: List[int] = []
+        while len(kept) < copies and order:
+            batch, order = order[: copies - len(kept)], order[copies - len(kept):]
+            for index, ref in [(i, holders[i][1].store.remote(step, key, data)) for i in batch]:
+                try:
+                    ray.get(ref)
+                    kept.append(index)
+                except ray.exceptions.RayActorError:
+                    self._dead.add(index)  # its node is gone: the next holder takes the copy
+        if not kept:
+            raise RuntimeError(f"no holder took step {step} ({key})")
+        return kept
+
+    # -- load -------------------------------------------------------------------
+
+    def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
+        keeper = self._keeper_handle(create=bool(self._settings.get("state_dir")))
+        if keeper is None:
+            return None
+        found = ray.get(keeper.committed.remote(_world()))
+        if found is None:
+            return None
+        meta, locations = SnapshotMeta.from_json(found[0]), found[1]
+        check_world(meta, world_size)
+        with self._lock:
+            mine = self._own.get(meta.step)
+        shared: Dict[str, Any] = {}
+        own: Dict[str, Any] = {}
+        if meta.shared:
+            shared = host_copy(mine.shared) if mine is not None and tuple(sorted(mine.shared)) == meta.shared else (
+                self._fetch(keeper, meta.step, SHARED, locations.get(SHARED, [])))
+        if meta.own:
+            kept = mine is not None and mine.rank == rank and mine.world_size == world_size
+            own = host_copy(mine.own) if kept and mine is not None else self._fetch(keeper, meta.step, rank_key(rank), locations.get(rank_key(rank), []))
+        return meta, shared, own
+
+    def _fetch(self, keeper: Any, step: int, key: str, where: List[int]) -> Dict[str, Any]:
+        """A part from the first holder that still has it (own node first)."""
+        if DURABLE in where:
+            return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
+        holders = self._holder_list()
+        here = ray.get_runtime_context().get_node_id()
+        for index in sorted(where, key=lambda i: holders[i][0] != here if i < len(holders) else True):
+            try:
+                data = ray.get(holders[index][1].fetch.remote(step, key))
+            except ray.exceptions.RayActorError:
+                continue
+            if data is not None:
+                return from_bytes(data)
+        raise RuntimeError(f"load_state: no holder keeps step {step} ({key}) any more: the nodes of both copies are gone")
+
+    # -- the keeper -------------------------------------------------------------
+
+    def _keeper_handle(self, create: bool) -> Any:
+        if self._keeper is None:
+            name = self._settings["name"]
+            try:
+                self._keeper = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                if not create:
+                    return None
+                placement = NodeAffinitySchedulingStrategy(self._settings["driver_node"], soft=False)
+                self._keeper = keeper_actor().options(
+                    name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement
+                ).remote(True, self._settings.get("state_dir"), int(self._settings.get("keep", 2)))
+        return self._keeper
+
+    def _holder_list(self) -> List[Tuple[str, Any]]:
+        if not self._holders:
+            self._holders = ray.get(self._keeper_handle(create=True).holders.remote())
+        return self._holders
+
+
+def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
+    """(key, states, copies): the rank's own part on two holders; the shared
+    part from local rank 0 of each node, on its node's holder (two on one node)."""
+    parts = [(rank_key(snapshot.rank), snapshot.own, 2)] if snapshot.own else []
+    if snapshot.shared and snapshot.local_rank == 0:
+        parts.append((SHARED, snapshot.shared, 1 if snapshot.local_world_size < snapshot.world_size else 2))
+    return parts
+
+
+def _world() -> int:
+    """The attempt this rank runs: only the newest one's acknowledgements count."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

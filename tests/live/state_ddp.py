@@ -1,0 +1,93 @@
+"""A deterministic data-parallel training loop that saves its state every step: run as a
+function (``raydist.run(train, ...)``) or as a script (``raydist run`` /
+``torchrun``). Batches are seeded by (step, rank), so a run that resumes from
+a committed step ends with the same weights, bit for bit, as one that never
+failed. A fault happens on the first attempt only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import raydist
+
+
+def train(
+    steps: int,
+    crash_at: Optional[int] = None,
+    crash_rank: int = 1,
+    block_ranks: List[int] = (),  # type: ignore[assignment]
+    marks: str = "",
+    shared: bool = False,
+) -> Dict[str, Any]:
+    """``steps`` steps of DDP; on attempt 0, rank ``crash_rank`` dies at the
+    start of step ``crash_at`` (or, with ``block_ranks``, those ranks mark the
+    step in ``marks`` and block there until their node is removed)."""
+    if not dist.is_initialized():
+        _init_process_group()
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    # Data parallel with one all_reduce per gradient: torch's DDP object does not
+    # reproduce its own sums bit for bit (two DDP objects resumed from the same
+    # state in one process differ in the last bit), so the test averages itself.
+    for parameter in model.parameters():
+        dist.broadcast(parameter.data, 0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    kept = {"shared": ("model", "optimizer")} if shared else {}
+    resumed = raydist.load_state(model=model, optimizer=optimizer)
+    for step in range(0 if resumed is None else resumed + 1, steps):
+        if attempt == 0 and step == crash_at:
+            if marks:
+                Path(marks, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
+                if rank in block_ranks:
+                    threading.Event().wait()  # until the node goes; the others block in all_reduce
+            elif rank == crash_rank:
+                os._exit(3)
+        generator = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 8, generator=generator), torch.randn(16, 1, generator=generator)
+        optimizer.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= dist.get_world_size()
+        optimizer.step()
+        raydist.save_state(step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"resumed": resumed, "attempt": attempt, "rank": rank, "pid": os.getpid(), "weights": weights}
+
+
+def _init_process_group() -> None:
+    """torchrun 2.13 keeps its agent's store across restarts, and a plain
+    init_process_group("gloo") of attempt 1 reads attempt 0's gloo addresses
+    ("Connection refused"): a prefix per attempt there. raydist gives every
+    attempt its own MASTER_PORT."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    prefixed = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group("gloo", store=prefixed, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--out", required=True)
+    options = parser.parse_args()
+    result = train(options.steps, options.crash_at)
+    if result["rank"] == 0:
+        torch.save(result, options.out)
+
+
+if __name__ == "__main__":
+    main()
