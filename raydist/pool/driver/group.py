@@ -222,7 +222,7 @@ class WorkerGroup:
         if world is not None:
             world.stop_watching()  # kept: what it saw explains the failure
         if holdings is not None and connected_session() == self._session:
-            release(holdings, world.workers if world is not None else (), graceful and first)
+            release(holdings, graceful and first)
         self._hooks.stop()
         if world is not None:
             # A rank whose value could not come back marked only what it printed: not waited for.
