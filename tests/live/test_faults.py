@@ -102,18 +102,21 @@ def test_identical_tracebacks_are_shown_once_with_rank_list() -> None:
     assert "[root cause]" in message
 
 
-def crash_once(marker_dir: str) -> List[Any]:
+def crash_once(how: str) -> List[Any]:
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if restart == 0 and dist.get_rank() == 1:
+        if how == "sigkill":  # no exit note, no chance to clean up: raydist removes its files
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)
-    return [dist.get_rank(), restart, os.environ["TORCHELASTIC_MAX_RESTARTS"], os.environ["MASTER_PORT"]]
+    return [dist.get_rank(), restart, os.environ["TORCHELASTIC_MAX_RESTARTS"], os.getpid()]
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_restart_after_crash_reruns_on_a_new_group() -> None:
-    results = raydist.run(crash_once, num_workers=2, args=("",), max_restarts=2)
+@pytest.mark.parametrize(("how", "mode"), [("exit", "warm"), ("sigkill", "fresh")])
+def test_restart_after_crash_reruns_on_a_new_group(how: str, mode: str) -> None:
+    results = raydist.run(crash_once, num_workers=2, args=(how,), max_restarts=2, restart_mode=mode)
     assert [r[:3] for r in results] == [[0, 1, "2"], [1, 1, "2"]]
-    assert_nothing_left()
+    assert_nothing_left()  # the dead rank's files included, at once (not 30 s later at some next start)
 
 
 def always_raise() -> None:

@@ -87,7 +87,7 @@ def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.L
         wait_for(lambda: len(group.spares) == 1, 120, "a new spare")
         assert group.spares[0].pid not in before + spares
     assert "1 from a spare, 0 fresh" in caplog.text and "2 rank(s) kept their process" in caplog.text
-    assert_nothing_left(files=False, within=30)  # the crashed rank's files go at the next start (not yet at the restart)
+    assert_nothing_left(within=30)
 
 
 def stuck_survivor() -> int:

@@ -11,7 +11,8 @@ must exist before a drain, since a draining node accepts no new actors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+import threading
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, cast
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -23,6 +24,17 @@ from raydist.pool.worker.evidence import NodeAgent
 
 EVIDENCE_TIMEOUT_S = 10.0
 Requests = List[Tuple[int, int, WorkerEvidence]]  # (rank, pid, evidence) on one node
+
+
+class Process(Protocol):
+    """A worker process as the agents see it (a ``WorkerInfo``, a spare's ``Placement``)."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def evidence(self) -> Optional[WorkerEvidence]: ...
 
 
 def driver_node() -> Optional[str]:
@@ -42,6 +54,25 @@ class NodeAgents:
         self.local_node = local_node
         self._here = NodeAgent()
         self._actors: Dict[str, Any] = {}  # node id -> NodeAgent actor
+        self._lock = threading.Lock()  # spares are noted from their own threads
+        self._started: Dict[Tuple[str, int], Process] = {}  # (node, pid) -> every process whose files are still there
+
+    def note(self, processes: Iterable[Process]) -> None:
+        """``processes`` the group started: their files are removed once they are gone (``remove_files``)."""
+        with self._lock:
+            self._started.update(((p.node_id, p.pid), p) for p in processes if p.evidence is not None)
+
+    def remove_files(self, processes: Optional[Sequence[Process]] = None, timeout: float = EVIDENCE_TIMEOUT_S) -> None:
+        """Remove what ``processes`` (by default every one noted) left on their
+        nodes, each once it is gone; a node without an agent is skipped (a
+        lost node's files went with it; the next start there removes them)."""
+        with self._lock:
+            chosen = list(self._started.values()) if processes is None else list(processes)
+        if chosen:
+            self.ask(chosen, range(len(chosen)), "remove", timeout=timeout, start_missing=False)
+        with self._lock:  # after: an interrupted removal is done again by the next one
+            for process in chosen:
+                self._started.pop((process.node_id, process.pid), None)
 
     def start(self, node_ids: Sequence[str]) -> None:
         """An actor on each of ``node_ids`` but the driver's (returns at once)."""
@@ -70,7 +101,7 @@ class NodeAgents:
 
     def ask(
         self,
-        workers: Sequence[WorkerInfo],
+        workers: Sequence[Process],
         ranks: Sequence[int],
         method: str,
         *args: object,
@@ -114,4 +145,6 @@ def explain_deaths(failures: Sequence[WorkerFailure], workers: Sequence[WorkerIn
             cause = explain_death(failure.died or "", tail, code, workers[failure.rank].node_id in alive)
             failure = dataclasses.replace(failure, died=cause, output=tail)
         explained.append(failure)
+    # Read: the dead processes' files go now (a lost node's went with it), whatever the group does next.
+    agents.remove_files([workers[rank] for rank in dead if workers[rank].node_id in alive])
     return explained

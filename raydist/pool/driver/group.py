@@ -223,7 +223,7 @@ class WorkerGroup:
         if world is not None:
             world.stop_watching()  # kept: what it saw explains the failure
         if holdings is not None and connected_session() == self._session:
-            release(holdings, world.workers if world is not None else (), graceful and first)
+            release(holdings, graceful and first)
             self._state.release()  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         if world is not None:

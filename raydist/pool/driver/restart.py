@@ -72,8 +72,7 @@ def restart_in_place(
         ray.kill(actor, no_restart=True)
     holdings.forget(doomed)
     # What the replaced processes left on their nodes goes with them (a lost node's went with it).
-    gone = [r for r in sorted(settled.dead | set(plan.killed)) if old[r].node_id not in lost]
-    holdings.agents.ask(old, gone, "remove", start_missing=False)
+    holdings.agents.remove_files([old[r] for r in sorted(settled.dead | set(plan.killed)) if old[r].node_id not in lost])
     for agent in holdings.agents.retire(sorted(leaving)):
         ray.kill(agent, no_restart=True)
     builder.restart(plan.node_order)
@@ -172,6 +171,6 @@ def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: Restart
     fresh_bundles = [seat.bundle for seat in plan.fresh]
     actors = [actor for actor, _ in joining] + builder.create(holdings, fresh_bundles)
     bundles = [bundle for _, bundle in joining] + fresh_bundles
-    placements = builder.describe(actors, bundles)
+    placements = builder.describe(holdings, actors, bundles)
     standby = [s.placement for s in holdings.spares.ready]
     return builder.attempt(holdings, dict(zip(bundles, actors)), placements, standby)

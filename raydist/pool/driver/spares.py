@@ -37,9 +37,13 @@ class Spare:
 class SparePool:
     """A group's spares: the ready ones, and those still starting."""
 
-    def __init__(self, wanted: int, pg: Optional[PlacementGroup], bundle: dict, accelerator: Accelerator, timeout: float):
+    def __init__(
+        self, wanted: int, pg: Optional[PlacementGroup], bundle: dict, accelerator: Accelerator, timeout: float,
+        placed: Callable[[Sequence[Placement]], None] = lambda placements: None,
+    ):
         self.wanted = wanted
         self._pg, self._bundle, self._accelerator, self._timeout = pg, bundle, accelerator, timeout
+        self._placed = placed  # told of each new spare's process (its files are removed with the group)
         self._lock = threading.Lock()
         self._ready: List[Spare] = []
         self._starting: dict = {}  # bundle -> actor
@@ -97,6 +101,7 @@ class SparePool:
         spare: Optional[Spare] = None
         try:
             placement = ray.get(actor.describe.remote(seat.bundle), timeout=self._timeout)
+            self._placed([placement])
             env = standby_env(placement, [s.placement for s in self.ready], workers(), self._accelerator)
             ray.get(actor.stand_by.remote(env, self._accelerator.device_type), timeout=self._timeout)
             spare = Spare(actor, placement)

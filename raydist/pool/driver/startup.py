@@ -80,10 +80,10 @@ class Holdings:
         self.actors = [actor for actor in self.actors if id(actor) not in gone]
 
 
-def release(holdings: Holdings, workers: Sequence[WorkerInfo], graceful: bool) -> None:
+def release(holdings: Holdings, graceful: bool) -> None:
     """Leave the process group (if ``graceful``), kill the actors and spares,
-    free the placement group, remove the files of ``workers`` (the last
-    world's), kill the node agents; returns once Ray reports them dead."""
+    free the placement group, remove the files of every process the group
+    started, kill the node agents; returns once Ray reports them dead."""
     spares = holdings.spares.close()
     actors = list(holdings.actors)
     try:
@@ -99,8 +99,8 @@ def release(holdings: Holdings, workers: Sequence[WorkerInfo], graceful: bool) -
             remove_placement_group(holdings.pg)
         holdings.actors, holdings.pg = [], None
         _wait_dead([*actors, *spares])
-        try:  # the processes are gone: what they left on their nodes goes too
-            holdings.agents.ask(workers, range(len(workers)), "remove", timeout=TEARDOWN_TIMEOUT_S, start_missing=False)
+        try:  # the processes are gone: what they left on their nodes goes too (spares' and earlier worlds' included)
+            holdings.agents.remove_files(timeout=TEARDOWN_TIMEOUT_S)
         finally:
             agents = holdings.agents.forget()
             for agent in agents:
@@ -143,12 +143,12 @@ class GroupBuilder:
         """The first world on ``holdings`` (from ``reserve``); on any failure everything made so far is released."""
         try:
             actors = self.create(holdings, range(holdings.slots))
-            placements = self.describe(actors, range(len(actors)))
+            placements = self.describe(holdings, actors, range(len(actors)))
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
             world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
             # Off the start path: the other nodes' agents start while the first call runs.
-            holdings.agents.start([worker.node_id for worker in world.workers])
+            holdings.agents.start([worker.node_id for worker in world.workers] + [spare.node_id for spare in standby])
             return world
         except BaseException:  # KeyboardInterrupt included: leave nothing running
             self.abandon(holdings)
@@ -157,7 +157,7 @@ class GroupBuilder:
     def abandon(self, holdings: Holdings) -> None:
         """Release a half-built group: actors, agents, placement group, the backend's driver side."""
         if ray.is_initialized():
-            release(holdings, (), graceful=False)
+            release(holdings, graceful=False)
         self._hooks.stop()
 
     def reserve(self) -> Holdings:
@@ -180,8 +180,9 @@ class GroupBuilder:
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
         pg, size = reserve(request, config.startup_timeout)
-        pool = SparePool(spares, pg, bundle, accelerator, config.startup_timeout)
-        return Holdings(accelerator, bundle, request, pg, pool, agents=NodeAgents(driver_node()), slots=size * request.per_bundle)
+        agents = NodeAgents(driver_node())
+        pool = SparePool(spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
+        return Holdings(accelerator, bundle, request, pg, pool, agents=agents, slots=size * request.per_bundle)
 
     def create(self, holdings: Holdings, slots: Sequence[int]) -> List[Any]:
         """A new worker actor in each of ``slots`` (held in ``holdings`` from
@@ -192,10 +193,12 @@ class GroupBuilder:
         holdings.actors.extend(actors)
         return actors
 
-    def describe(self, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
-        """Round trip 1: where each worker landed (node, devices, a free port)."""
+    def describe(self, holdings: Holdings, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
+        """Round trip 1: where each worker landed (node, devices, a free port); their files noted for removal."""
         used = frozenset(self._master_ports)
-        return self._await((), [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
+        placements: List[Placement] = self._await((), [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
+        holdings.agents.note(placements)
+        return placements
 
     def attempt(self, holdings: Holdings, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> World:
         """This attempt's world from where its workers landed (``actors`` by
