@@ -1,11 +1,12 @@
 """``raydist run`` end to end, through ``python -m raydist`` in subprocesses.
 
-Every run gets a Ray of its own: RAY_ADDRESS is removed and RAY_TMPDIR points
-at a private directory, so the CLI neither connects to a cluster named in the
-environment nor attaches to another Ray on this machine (``ray.init()`` joins
-the last cluster recorded under the default temp dir). The job-submission
-test starts a real head with ``ray start --block`` and, at the end, stops
-exactly the processes that head started (see ``RayHead``).
+Runs attach to the session's local Ray through RAY_ADDRESS (``attached_env``:
+the command line stays the one torchrun takes), which saves each case a
+private Ray's start; ``test_sys_exit_code_becomes_the_exit_status`` covers
+that start itself (``--standalone``). RAY_TMPDIR points at a private
+directory, so a run that should start no Ray is seen to start none. The
+job-submission test starts a real head with ``ray start --block`` and, at the
+end, stops exactly the processes that head started (see ``RayHead``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Sequence, Tuple
 
 import pytest
+from conftest import assert_nothing_left, ray_address
 
 from raydist.cli import build_parser, split_script_args
 
@@ -53,6 +55,14 @@ def cli_env(ray_tmpdir: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_TMPDIR"] = ray_tmpdir
     return env
+
+
+@pytest.fixture
+def attached_env(ray_local: None, cli_env: Dict[str, str]) -> Iterator[Dict[str, str]]:
+    """The environment of a run attached to the session's Ray (as a user with
+    RAY_ADDRESS set); after the run, nothing of it is left in that Ray."""
+    yield dict(cli_env, RAY_ADDRESS=ray_address())
+    assert_nothing_left(within=15)  # the driver's exit ends its actors asynchronously
 
 
 def raydist(args: Sequence[str], env: Dict[str, str], cwd: Path = REPO, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -164,17 +174,17 @@ def test_unreachable_address_is_named_quickly(cli_env: Dict[str, str], ray_tmpdi
     assert os.listdir(ray_tmpdir) == []
 
 
-# -- runs on a private local Ray -------------------------------------------
+# -- runs attached to the session's Ray (one on a private Ray) ------------
 
 
-def test_torchrun_script_gives_the_same_loss_as_under_torchrun(cli_env: Dict[str, str]) -> None:
+def test_torchrun_script_gives_the_same_loss_as_under_torchrun(attached_env: Dict[str, str]) -> None:
     script = ["examples/ddp_torchrun.py", "--steps", "20", "--seed", "3", "--device", "cpu"]
-    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", *script], cli_env)
+    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", *script], attached_env)
     assert ours.returncode == 0, explain(ours)
     assert "rank 0 of 2" in ours.stdout and "rank 1 of 2" in ours.stdout
     torchrun = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script],
-        cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO, env=attached_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )
     assert torchrun.returncode == 0, explain(torchrun)
     ours_loss = FINAL_LOSS.findall(ours.stdout)
@@ -183,8 +193,8 @@ def test_torchrun_script_gives_the_same_loss_as_under_torchrun(cli_env: Dict[str
     assert abs(float(ours_loss[0]) - float(torchrun_loss[0])) <= 1e-6, (ours_loss, torchrun_loss)
 
 
-def test_open_clip_style_example(cli_env: Dict[str, str]) -> None:
-    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "examples/open_clip_style.py", "--steps", "6"], cli_env)
+def test_open_clip_style_example(attached_env: Dict[str, str]) -> None:
+    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "examples/open_clip_style.py", "--steps", "6"], attached_env)
     assert result.returncode == 0, explain(result)
     assert "world size 2, device cpu, distributed True" in result.stdout
     for rank in (0, 1):
@@ -193,9 +203,9 @@ def test_open_clip_style_example(cli_env: Dict[str, str]) -> None:
     assert re.search(r"final losses: \[\d+\.\d+, \d+\.\d+\]", result.stdout), explain(result)
 
 
-def test_a_raising_rank_fails_the_run_with_its_traceback(cli_env: Dict[str, str]) -> None:
+def test_a_raising_rank_fails_the_run_with_its_traceback(attached_env: Dict[str, str]) -> None:
     args = ["raise", "1", "--lr", "0.1", "-n", "5"]  # the script's own flags, raydist's names included
-    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "tests/scripts/cli_fail.py", *args], cli_env)
+    result = raydist(["run", "-n", "2", "--accelerator", "cpu", "tests/scripts/cli_fail.py", *args], attached_env)
     assert result.returncode == 1, explain(result)
     assert "ValueError: deliberate failure on rank 1" in result.stderr, explain(result)
     assert "rank(s) failed: [1]" in result.stderr and "--- rank 1 [root cause]" in result.stderr
@@ -223,7 +233,7 @@ def test_exit_status_is_what_python_gives_for_the_same_sys_exit(code: int) -> No
     assert failure_status(failures) == plain
 
 
-def test_a_directory_runs_its_main_and_n_cpu_is_one_worker_per_cpu_slot(cli_env: Dict[str, str], tmp_path: Path) -> None:
+def test_a_directory_runs_its_main_and_n_cpu_is_one_worker_per_cpu_slot(attached_env: Dict[str, str], tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
     (app / "helper.py").write_text("WHO = 'helper next to __main__'\n")
@@ -235,7 +245,7 @@ def test_a_directory_runs_its_main_and_n_cpu_is_one_worker_per_cpu_slot(cli_env:
         "print(f'rank {dist.get_rank()} of {dist.get_world_size()} ({cpus} CPUs) imports {WHO}', flush=True)\n"
         "dist.destroy_process_group()\n"
     )
-    result = raydist(["run", "-n", "cpu", str(app)], cli_env)
+    result = raydist(["run", "-n", "cpu", str(app)], attached_env)
     assert result.returncode == 0, explain(result)
     lines = re.findall(r"rank (\d+) of (\d+) \((\d+) CPUs\) imports helper next to __main__", result.stdout)
     assert lines, explain(result)
@@ -262,8 +272,8 @@ def without_empty_lines(files: Dict[str, str]) -> Dict[str, str]:
     return {path: "".join(line for line in text.splitlines(keepends=True) if line.strip()) for path, text in files.items()}
 
 
-def test_log_files_and_console_match_torchrun(cli_env: Dict[str, str], tmp_path: Path) -> None:
-    env = dict(cli_env, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:")
+def test_log_files_and_console_match_torchrun(attached_env: Dict[str, str], tmp_path: Path) -> None:
+    env = dict(attached_env, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:")
     flags = ["-r", "3", "-t", "3", "--local-ranks-filter", "0"]
     ours = raydist(["run", "-n", "2", "--accelerator", "cpu", "--log-dir", str(tmp_path / "ours"), *flags, LOG_SCRIPT], env)
     assert ours.returncode == 0, explain(ours)
@@ -283,11 +293,13 @@ def test_log_files_and_console_match_torchrun(cli_env: Dict[str, str], tmp_path:
     assert rank_lines(ours.stdout) == rank_lines(torchrun.stdout), explain(ours) + explain(torchrun)
     assert rank_lines(ours.stderr) == rank_lines(torchrun.stderr), explain(ours) + explain(torchrun)
     assert "[0]:rank 0 done" in ours.stdout and "rank 1" not in ours.stdout + ours.stderr
-    assert "\x1b[" not in ours.stdout + ours.stderr
+    # Ray's own "Connected to Ray cluster. View the dashboard at ..." line, printed on attaching, is Ray's.
+    own_lines = [line for line in (ours.stdout + ours.stderr).splitlines() if "View the dashboard at" not in line]
+    assert not [line for line in own_lines if "\x1b[" in line], explain(ours)
 
 
-def test_each_attempt_has_its_log_directory(cli_env: Dict[str, str], tmp_path: Path) -> None:
-    env = dict(cli_env, TMPDIR=str(tmp_path))  # no --log-dir: a temporary directory, named on stderr
+def test_each_attempt_has_its_log_directory(attached_env: Dict[str, str], tmp_path: Path) -> None:
+    env = dict(attached_env, TMPDIR=str(tmp_path))  # no --log-dir: a temporary directory, named on stderr
     result = raydist(["run", "-n", "2", "--accelerator", "cpu", "-r", "3", "--max-restarts", "1", LOG_SCRIPT, "fail-first"], env)
     assert result.returncode == 0, explain(result)
     named = re.search(r"per-rank logs go to (\S+)", result.stderr)
@@ -492,15 +504,15 @@ def test_token_protected_cluster_without_a_token_says_what_to_set(token_head: Ra
     assert "rank 1 finished" in result.stdout, explain(result)
 
 
-def test_a_record_script_shows_its_error_file_as_torchrun_does(cli_env: Dict[str, str]) -> None:
+def test_a_record_script_shows_its_error_file_as_torchrun_does(attached_env: Dict[str, str]) -> None:
     script = "tests/scripts/record_fail.py"
-    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", script], cli_env)
+    ours = raydist(["run", "-n", "2", "--accelerator", "cpu", script], attached_env)
     assert ours.returncode == 1, explain(ours)
     # Without a log directory the file was raydist's scratch, gone with the worker: not named.
     assert "(its error file: ValueError: shard 1 is corrupt (recorded))" in ours.stderr, explain(ours)
     torchrun = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
-        cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO, env=attached_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )
     assert torchrun.returncode == 1, explain(torchrun)
     # The same message and the same traceback (from the error file) as torchrun's report.
@@ -519,3 +531,13 @@ def test_the_driver_side_never_imports_torch() -> None:
     code = "import sys, raydist, raydist.api, raydist.cli; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", explain(result)
+
+
+def test_parsing_imports_neither_ray_nor_torch() -> None:
+    code = (
+        "import sys, raydist.cli as c; p = c.build_parser()[1]; "
+        "c.build_config(p.parse_args(['-n', '2', '--backend', 'gloo', 'x.py'])); "
+        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
