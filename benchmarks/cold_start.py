@@ -99,7 +99,6 @@ def time_raydist(n: int) -> float:
 
 def make_time_floor() -> Callable[[int], float]:
     import ray
-
     from _common import free_port
 
     remote_worker = ray.remote(num_cpus=1)(FloorWorker)
@@ -120,8 +119,13 @@ def make_time_floor() -> Callable[[int], float]:
 
 def torchrun_command(n: int) -> List[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-        os.path.abspath(__file__), "--torchrun-worker",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        os.path.abspath(__file__),
+        "--torchrun-worker",
     ]
 
 
@@ -129,8 +133,17 @@ def raydist_run_command(n: int, address: Optional[str] = None) -> List[str]:
     """``raydist run`` of the torchrun script: a private Ray, or ``address``'s cluster."""
     where = ["--address", address] if address else ["--standalone"]
     return [
-        sys.executable, "-m", "raydist", "run", "-n", str(n), "--accelerator", "cpu", *where,
-        os.path.abspath(__file__), "--torchrun-worker",
+        sys.executable,
+        "-m",
+        "raydist",
+        "run",
+        "-n",
+        str(n),
+        "--accelerator",
+        "cpu",
+        *where,
+        os.path.abspath(__file__),
+        "--torchrun-worker",
     ]
 
 
@@ -153,9 +166,7 @@ def run_timed(command: Sequence[str], what: str, env: Optional[Dict[str, str]] =
     own; whatever it leaves behind in that session (a Ray daemon that outlived
     it) is waited for, outside the timing, then killed and reported."""
     start = time.perf_counter()
-    child = subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = child.communicate(timeout=PROCESS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -225,14 +236,18 @@ class RayHead:
     def start(self, timeout: float = 120.0) -> str:
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         command = [
-            ray_cli if os.path.exists(ray_cli) else "ray", "start", "--head", "--block",
-            f"--port={self.port}", "--include-dashboard=false", "--dashboard-agent-listen-port=0",
-            f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
+            ray_cli if os.path.exists(ray_cli) else "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={self.port}",
+            "--include-dashboard=false",
+            "--dashboard-agent-listen-port=0",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
         ]
         self._log = open(os.path.join(self.temp_dir, "ray_start.log"), "w")
-        self._process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
-        )
+        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
         address_file = os.path.join(self.temp_dir, "ray_current_cluster")  # written once the node is up
         deadline = time.monotonic() + timeout
         while not os.path.exists(address_file) or not open(address_file).read().strip():
@@ -331,7 +346,9 @@ def whole_process_comparison(n: int, reps: int) -> Tuple[bool, Dict[str, Optiona
     fresh = f"raydist run -n {n} (starts Ray)"
     samples, failed = interleave(
         {fresh: lambda: run_timed(raydist_run_command(n), "raydist run --standalone"), "torchrun": lambda: time_torchrun(n)},
-        reps, "no Ray running", check_port,
+        reps,
+        "no Ray running",
+        check_port,
     )
     settings = [("no Ray running", fresh, samples, failed, TARGET_CLI_VS_TORCHRUN)]
     if taken:
@@ -349,9 +366,13 @@ def whole_process_comparison(n: int, reps: int) -> Tuple[bool, Dict[str, Optiona
         address = head.start()
         print(f"  started ray start --head at {address} (temp dir {head.temp_dir})", flush=True)
         samples2, failed2 = interleave(
-            {attached: lambda: run_timed(raydist_run_command(n, address), "raydist run --address", env=env),
-             "torchrun": lambda: time_torchrun(n)},
-            reps, "attached", None,
+            {
+                attached: lambda: run_timed(raydist_run_command(n, address), "raydist run --address", env=env),
+                "torchrun": lambda: time_torchrun(n),
+            },
+            reps,
+            "attached",
+            None,
         )
     except Exception as error:  # noqa: BLE001 - the head itself failed: report, do not abort the rest
         samples2, failed2 = {attached: [], "torchrun": []}, {attached: f"{type(error).__name__}: {error}"}
@@ -370,11 +391,13 @@ def whole_process_comparison(n: int, reps: int) -> Tuple[bool, Dict[str, Optiona
         rd, tr = got.get(name) or [], got.get("torchrun") or []
         ratio = median(rd) / median(tr) if rd and tr else None
         ratios[setting] = ratio
-        ratio_rows.append([
-            setting,
-            fmt_ratio(median(rd) if rd else None, median(tr) if tr else None),
-            f"<= {target:g}x: {verdict(None if ratio is None else ratio <= target)}",
-        ])
+        ratio_rows.append(
+            [
+                setting,
+                fmt_ratio(median(rd) if rd else None, median(tr) if tr else None),
+                f"<= {target:g}x: {verdict(None if ratio is None else ratio <= target)}",
+            ]
+        )
         ok &= bool(rd)
     print_table(
         f"Whole process, N={n}, script = gloo init + barrier ({reps} timed rounds after a warm-up, interleaved)",
@@ -396,7 +419,12 @@ def print_three_ratios(vs_floor: Optional[float], cli_ratios: Dict[str, Optional
     from _common import print_table, verdict
 
     def row(what: str, ratio: Optional[float], goal: float) -> List[object]:
-        return [what, "not measured" if ratio is None else f"{ratio:.2f}x", f"<= {goal:g}x", verdict(None if ratio is None else ratio <= goal)]
+        return [
+            what,
+            "not measured" if ratio is None else f"{ratio:.2f}x",
+            f"<= {goal:g}x",
+            verdict(None if ratio is None else ratio <= goal),
+        ]
 
     print_table(
         "The three cold-start ratios",
@@ -456,7 +484,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.cli_reps = min(args.cli_reps, 3)
 
     from _common import (
-        fmt_ratio, fmt_s, header, init_ray, median, print_table, verdict, wait_for_quiet_cpu,
+        fmt_ratio,
+        fmt_s,
+        header,
+        init_ray,
+        median,
+        print_table,
+        verdict,
+        wait_for_quiet_cpu,
     )
 
     header("cold start")
@@ -528,14 +563,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         rd, floor, trainer, torchrun = (med(m, n) for m in ("raydist", "floor", "TorchTrainer", "torchrun"))
         vs_floor = rd / floor if rd and floor else None
         vs_trainer = trainer / rd if rd and trainer else None
-        ratio_rows.append([
-            n,
-            fmt_ratio(rd, floor),
-            verdict(None if vs_floor is None else vs_floor <= TARGET_VS_FLOOR),
-            fmt_ratio(trainer, rd),
-            verdict(None if vs_trainer is None else vs_trainer >= TARGET_VS_TRAINER),
-            fmt_ratio(torchrun, rd),
-        ])
+        ratio_rows.append(
+            [
+                n,
+                fmt_ratio(rd, floor),
+                verdict(None if vs_floor is None else vs_floor <= TARGET_VS_FLOOR),
+                fmt_ratio(trainer, rd),
+                verdict(None if vs_trainer is None else vs_trainer >= TARGET_VS_TRAINER),
+                fmt_ratio(torchrun, rd),
+            ]
+        )
     print_table(
         "Cold start ratios (medians)",
         ["N", "raydist / floor", f"<= {TARGET_VS_FLOOR}x", "TorchTrainer / raydist", f">= {TARGET_VS_TRAINER:g}x", "torchrun / raydist"],

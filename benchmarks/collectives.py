@@ -95,19 +95,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--sizes", nargs="+", default=["1K", "1M", "64M", "256M"])
     parser.add_argument("--kinds", nargs="+", default=["numpy", "torch"], choices=["numpy", "torch"])
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--row-budget", type=float, default=30.0,
-                        help="stop repeating a row once its repetitions took this many seconds")
+    parser.add_argument("--row-budget", type=float, default=30.0, help="stop repeating a row once its repetitions took this many seconds")
     parser.add_argument("--object-store-gib", type=float, default=6.0)
     parser.add_argument("--quick", action="store_true", help="1K and 64M only, fewer reps")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in (["1K", "64M"] if args.quick else args.sizes)]
 
     import ray
+    from _common import fmt_bytes, fmt_ms, fmt_ratio, header, init_ray, median, print_table, verdict
 
     from raydist import WorkerGroup
     from raydist.config import DEFAULT_OBJECT_STORE_THRESHOLD
-
-    from _common import fmt_bytes, fmt_ms, fmt_ratio, header, init_ray, median, print_table, verdict
 
     header("collectives")
     # All-gathering 256 MB on 4 ranks keeps 4 x 256 MB in the store at once.
@@ -138,8 +136,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                             for impl in ("torch", "raydist"):
                                 # A rep lasts as long as its slowest rank.
                                 results[key][impl] += [max(ts) for ts in zip(*(r[impl] for r in per_rank))]
-                        print(f"  {fmt_bytes(nbytes)} {kind} {op}: torch {fmt_ms(median(results[key]['torch']))}, "
-                              f"raydist {fmt_ms(median(results[key]['raydist']))}", flush=True)
+                        print(
+                            f"  {fmt_bytes(nbytes)} {kind} {op}: torch {fmt_ms(median(results[key]['torch']))}, "
+                            f"raydist {fmt_ms(median(results[key]['raydist']))}",
+                            flush=True,
+                        )
     finally:
         ray.shutdown()
 
@@ -164,14 +165,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         if big in sizes:
             times = results[(big, kind, "broadcast")]
             speedup = median(times["torch"]) / median(times["raydist"])
-            target_rows.append([f"{fmt_bytes(big)} {kind} broadcast: raydist >= {TARGET_BIG_SPEEDUP:g}x faster",
-                                f"{speedup:.2f}x", verdict(speedup >= TARGET_BIG_SPEEDUP)])
+            target_rows.append(
+                [
+                    f"{fmt_bytes(big)} {kind} broadcast: raydist >= {TARGET_BIG_SPEEDUP:g}x faster",
+                    f"{speedup:.2f}x",
+                    verdict(speedup >= TARGET_BIG_SPEEDUP),
+                ]
+            )
         for op in ("broadcast", "all_gather") if small in sizes else ():
             times = results[(small, kind, op)]
             t, r = median(times["torch"]), median(times["raydist"])
             # "No slower" allows 10%: these are millisecond timings on a small shared machine.
-            target_rows.append([f"{fmt_bytes(small)} {kind} {op}: raydist no slower (within 10%)",
-                                f"{t / r:.2f}x", verdict(r <= 1.1 * t)])
+            target_rows.append([f"{fmt_bytes(small)} {kind} {op}: raydist no slower (within 10%)", f"{t / r:.2f}x", verdict(r <= 1.1 * t)])
     if target_rows:
         print_table("Collective targets", ["target", "torch / raydist", "result"], target_rows)
 

@@ -27,7 +27,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fmt_ratio, fmt_s, header, init_ray, print_table  # noqa: E402
+from _common import fmt_ratio, fmt_s, header, init_ray, print_table
 
 FEATURES = 64
 PROJECTION = np.random.default_rng(0).standard_normal((FEATURES, 16)).astype(np.float32)
@@ -111,7 +111,6 @@ def loader_epoch(rank: int, world: int, folder: str, batch_size: int, port: int,
 
 def run_loader(folder: str, workers: int, batch_size: int) -> Dict[str, float]:
     import torch.multiprocessing as mp
-
     from _common import free_port
 
     context = mp.get_context("spawn")
@@ -157,14 +156,16 @@ def measure(folder: str, workers: int, batch_size: int) -> Dict[str, Dict[str, f
     dataset = ray.data.read_parquet(os.path.join(folder, "files"))
     for _ in dataset.iter_batches(batch_size=None):  # untimed: start Ray Data's task workers, warm the file cache
         pass
-    results["raydist get_dataset_shard"] = raydist.run(
-        raydist_epoch, args=(batch_size,), num_workers=workers, datasets={"train": dataset}
-    )[0]
+    results["raydist get_dataset_shard"] = raydist.run(raydist_epoch, args=(batch_size,), num_workers=workers, datasets={"train": dataset})[
+        0
+    ]
     print("raydist:", results["raydist get_dataset_shard"], flush=True)
     out = os.path.join(folder, "ray_train.json")
     trainer = TorchTrainer(
-        train_loop, train_loop_config={"batch_size": batch_size, "out": out},
-        scaling_config=ray.train.ScalingConfig(num_workers=workers), datasets={"train": dataset},
+        train_loop,
+        train_loop_config={"batch_size": batch_size, "out": out},
+        scaling_config=ray.train.ScalingConfig(num_workers=workers),
+        datasets={"train": dataset},
     )
     trainer.fit()
     with open(out) as file:
@@ -181,13 +182,20 @@ def report(results: Dict[str, Dict[str, float]], rows: int, workers: int, batch_
     for name, result in results.items():
         speed = result["rows"] / result["seconds"]
         steady = result["rows"] / max(1e-9, result["seconds"] - result["first"])
-        table.append([
-            name, f"{speed:,.0f}", f"{steady:,.0f}", fmt_s(result["first"]),
-            fmt_ratio(base["rows"] / base["seconds"], speed), fmt_ratio(base["first"], result["first"]),
-        ])
+        table.append(
+            [
+                name,
+                f"{speed:,.0f}",
+                f"{steady:,.0f}",
+                fmt_s(result["first"]),
+                fmt_ratio(base["rows"] / base["seconds"], speed),
+                fmt_ratio(base["first"], result["first"]),
+            ]
+        )
     print_table(
         f"One epoch of {rows:,} rows x {FEATURES} features, {workers} ranks, batch {batch_size} (rank 0)",
-        ["reader", "rows/s", "after the first batch", "first batch", "raydist rows/s ratio", "raydist first-batch ratio"], table,
+        ["reader", "rows/s", "after the first batch", "first batch", "raydist rows/s ratio", "raydist first-batch ratio"],
+        table,
     )
 
 

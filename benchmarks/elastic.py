@@ -182,8 +182,9 @@ def one_sample(cluster: Any, mode: str, marker_dir: Path) -> Dict[str, Any]:
     target = _torchrun if options is None else _raydist
     thread = threading.Thread(target=target, args=(marker_dir, options, outcome), daemon=True)
     thread.start()
-    wait_until(lambda: len(list(marker_dir.glob("running-*.json"))) >= first_size or not thread.is_alive(), 180,
-               "the first attempt's ranks")
+    wait_until(
+        lambda: len(list(marker_dir.glob("running-*.json"))) >= first_size or not thread.is_alive(), 180, "the first attempt's ranks"
+    )
     running = [json.loads(p.read_text()) for p in marker_dir.glob("running-*.json")]
     started = time.time()
     victim = _make_fault(cluster, fault, running, marker_dir)
@@ -222,8 +223,17 @@ def _raydist(marker_dir: Path, options: Dict[str, Any], outcome: Dict[str, Any])
 
 def _torchrun(marker_dir: Path, options: Any, outcome: Dict[str, Any]) -> None:
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "1",
-        os.path.abspath(__file__), "--torchrun-worker", str(marker_dir),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "1",
+        os.path.abspath(__file__),
+        "--torchrun-worker",
+        str(marker_dir),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     if result.returncode != 0:
@@ -271,9 +281,8 @@ def collect(modes: List[str], reps: int, verbose: bool = False) -> Dict[str, Lis
     import tempfile
 
     import ray
-    from ray.cluster_utils import Cluster
-
     from _common import expose_to_workers
+    from ray.cluster_utils import Cluster
 
     if verbose:
         logging.basicConfig(format="%(asctime)s %(message)s")
@@ -310,11 +319,17 @@ def report(samples: Dict[str, List[Dict[str, Any]]], reps: int) -> None:
 
     rows = []
     for mode, runs in samples.items():
-        rows.append([
-            TITLES[mode], f"{runs[0]['before']} -> {runs[0]['after']}",
-            fmt_s(median([r["total"] for r in runs])), fmt_s(min(r["total"] for r in runs)),
-            fmt_s(median([r["to_fn"] for r in runs])), fmt_s(median([r["fn_to_step"] for r in runs])), len(runs),
-        ])
+        rows.append(
+            [
+                TITLES[mode],
+                f"{runs[0]['before']} -> {runs[0]['after']}",
+                fmt_s(median([r["total"] for r in runs])),
+                fmt_s(min(r["total"] for r in runs)),
+                fmt_s(median([r["to_fn"] for r in runs])),
+                fmt_s(median([r["fn_to_step"] for r in runs])),
+                len(runs),
+            ]
+        )
     print_table(
         f"Failure to the first training step of the new world, simulated {NODES}-node cluster "
         f"({CPUS_PER_NODE} CPU slots each; median of {reps})",
@@ -326,13 +341,24 @@ def report(samples: Dict[str, List[Dict[str, Any]]], reps: int) -> None:
     for mode in ("node-warm", "crash-spare"):
         if mode in med:
             goals.append([TITLES[mode], fmt_s(med[mode]), f"<= {TARGET_S:g} s", verdict(med[mode] <= TARGET_S)])
-    for mode, other in (("node-warm", "node-fresh"), ("crash-spare", "crash-fresh"), ("crash-warm", "crash-fresh"),
-                        ("crash-spare", "crash-torchrun"), ("crash-warm", "crash-torchrun")):
+    for mode, other in (
+        ("node-warm", "node-fresh"),
+        ("crash-spare", "crash-fresh"),
+        ("crash-warm", "crash-fresh"),
+        ("crash-spare", "crash-torchrun"),
+        ("crash-warm", "crash-torchrun"),
+    ):
         if mode in med and other in med:
             ratio = med[other] / med[mode] if med[mode] > 0 else None
             goal = verdict(ratio >= TORCHRUN_FACTOR) if other == "crash-torchrun" and ratio is not None else "-"
-            goals.append([f"{TITLES[other]} / {TITLES[mode]}", fmt_ratio(med[other], med[mode]),
-                          f">= {TORCHRUN_FACTOR:g}x" if other == "crash-torchrun" else "-", goal])
+            goals.append(
+                [
+                    f"{TITLES[other]} / {TITLES[mode]}",
+                    fmt_ratio(med[other], med[mode]),
+                    f">= {TORCHRUN_FACTOR:g}x" if other == "crash-torchrun" else "-",
+                    goal,
+                ]
+            )
     print_table("Goals (on a quiet 2-core machine)", ["what", "figure", "goal", "verdict"], goals)
     print(f"({load_line()} at the end)", flush=True)
 

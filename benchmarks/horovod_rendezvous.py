@@ -90,11 +90,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.runs, args.iterations, args.workers = 2, 100, [2]
 
     import ray
+    from _common import header, init_ray, print_table
     from horovod.runner.http.http_server import RendezvousHandler
 
     from raydist.backends.horovod.driver import HorovodRendezvous, scoped_rendezvous_handler
-
-    from _common import header, init_ray, print_table
 
     header("horovod_rendezvous")
     init_ray(num_cpus=max(4, *args.workers))
@@ -116,15 +115,17 @@ def main(argv: Optional[List[str]] = None) -> None:
                 failed_runs = sum(f is not None for f in failures)
                 attempted = sum(done) + failed_runs  # a failed run ends at its failing iteration
                 kinds = sorted({f for f in failures if f is not None})
-                rows.append([
-                    name,
-                    num_workers,
-                    f"{failed_runs}/{args.runs}",
-                    f"{failed_runs}/{attempted}",
-                    ", ".join(str(c + 1) for c, f in zip(done, failures) if f is not None) or "-",
-                    ", ".join(kinds) or "-",
-                    f"{seconds:.0f} s",
-                ])
+                rows.append(
+                    [
+                        name,
+                        num_workers,
+                        f"{failed_runs}/{args.runs}",
+                        f"{failed_runs}/{attempted}",
+                        ", ".join(str(c + 1) for c, f in zip(done, failures) if f is not None) or "-",
+                        ", ".join(kinds) or "-",
+                        f"{seconds:.0f} s",
+                    ]
+                )
                 total = totals.setdefault(name, [0, 0, 0, 0])
                 total[0] += failed_runs
                 total[1] += args.runs
@@ -135,14 +136,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         ray.shutdown()
 
     print_table(
-        f"hvd.shutdown() + hvd.init() + allreduce, up to {args.iterations} times per run "
-        f"(a run stops at its first failure)",
+        f"hvd.shutdown() + hvd.init() + allreduce, up to {args.iterations} times per run (a run stops at its first failure)",
         ["handler", "ranks", "failed runs", "failed iterations", "failed at iteration", "how", "time"],
         rows,
     )
     for name, (failed_runs, runs, failed_iterations, attempted) in totals.items():
-        print(f"{name}: {failed_runs}/{runs} runs failed, {failed_iterations}/{attempted} iterations "
-              f"({100 * failed_iterations / max(1, attempted):.2f} %)")
+        print(
+            f"{name}: {failed_runs}/{runs} runs failed, {failed_iterations}/{attempted} iterations "
+            f"({100 * failed_iterations / max(1, attempted):.2f} %)"
+        )
 
 
 if __name__ == "__main__":

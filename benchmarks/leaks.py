@@ -87,10 +87,9 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     import psutil
     import ray
+    from _common import header, init_ray, print_table, verdict
 
     import raydist
-
-    from _common import header, init_ray, print_table, verdict
 
     header("leaks")
     init_ray(num_cpus=max(4, args.workers), include_dashboard=True)  # the state API needs the dashboard
@@ -129,13 +128,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     new_ports = sorted(ports_after - ports_before)
     checks = [
         ["live raydist actors", left["actors"], "0", verdict(left["actors"] == 0)],
-        ["raydist worker processes (after up to 10 s to exit)", f"{processes} (gone after {waited:.1f} s)",
-         "0", verdict(processes == 0)],
+        ["raydist worker processes (after up to 10 s to exit)", f"{processes} (gone after {waited:.1f} s)", "0", verdict(processes == 0)],
         ["placement groups not REMOVED", left["placement_groups"], "0", verdict(left["placement_groups"] == 0)],
-        ["driver RSS growth", f"{growth_mb:+.1f} MB ({growth_mb * 1024 / args.calls:+.0f} KB/call)",
-         f"< {RSS_BUDGET_MB:g} MB", verdict(growth_mb < RSS_BUDGET_MB)],
-        ["new listening TCP ports of the driver", f"{len(new_ports)} {new_ports if new_ports else ''}".strip(),
-         "0", verdict(not new_ports)],
+        [
+            "driver RSS growth",
+            f"{growth_mb:+.1f} MB ({growth_mb * 1024 / args.calls:+.0f} KB/call)",
+            f"< {RSS_BUDGET_MB:g} MB",
+            verdict(growth_mb < RSS_BUDGET_MB),
+        ],
+        [
+            "new listening TCP ports of the driver",
+            f"{len(new_ports)} {new_ports if new_ports else ''}".strip(),
+            "0",
+            verdict(not new_ports),
+        ],
     ]
     print_table(
         f"Leaks after {args.calls} raydist.run calls of {args.workers} workers "
@@ -144,8 +150,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         checks,
     )
     ok = all(row[-1] == "MET" for row in checks)
-    print(f"nothing left: {'PASS' if ok else 'FAIL'}  ({left['listed']} raydist actors listed by the state API; "
-          f"driver listening ports before: {len(ports_before)}, after: {len(ports_after)})")
+    print(
+        f"nothing left: {'PASS' if ok else 'FAIL'}  ({left['listed']} raydist actors listed by the state API; "
+        f"driver listening ports before: {len(ports_before)}, after: {len(ports_after)})"
+    )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     import time
 
     import ray
-    from ray.cluster_utils import Cluster
-
     from _common import (
-        expose_to_workers, fmt_ratio, fmt_s, header, median, print_table, wait_for_quiet_cpu,
+        expose_to_workers,
+        fmt_ratio,
+        fmt_s,
+        header,
+        median,
+        print_table,
+        wait_for_quiet_cpu,
     )
     from cold_start import make_time_floor, time_raydist
+    from ray.cluster_utils import Cluster
 
     header("scale")
     expose_to_workers()  # before the raylets start: their workers import cold_start

@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import expose_to_workers, machine_line  # noqa: E402
+from _common import expose_to_workers, machine_line
 
-import raydist  # noqa: E402
+import raydist
 
 
 def build(mb: int) -> Any:
@@ -143,8 +143,11 @@ def _recovery_seconds(marks: str) -> str:
 
 def recovery_table(mb: int) -> List[str]:
     rows = []
-    cases = [("crash, spare", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, False),
-             ("crash, no spare", {}, False), ("fresh + torch.load", {"restart_mode": "fresh"}, True)]
+    cases = [
+        ("crash, spare", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, False),
+        ("crash, no spare", {}, False),
+        ("fresh + torch.load", {"restart_mode": "fresh"}, True),
+    ]
     for label, options, disk in cases:
         marks = tempfile.mkdtemp()
         raydist.run(recover, args=(mb, 12, 6, marks, marks if disk else None), num_workers=4, max_restarts=1, **options)
@@ -153,8 +156,21 @@ def recovery_table(mb: int) -> List[str]:
     script = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import state; state.recover({mb}, 12, 6, {marks!r}, {marks!r})"
     with open(os.path.join(marks, "run.py"), "w") as file:
         file.write(script)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "1",
-                    os.path.join(marks, "run.py")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "--max-restarts",
+            "1",
+            os.path.join(marks, "run.py"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     rows.append(f"| torchrun --max-restarts 1 + torch.load | {_recovery_seconds(marks)} |")
     return rows
 
@@ -176,7 +192,9 @@ def main() -> None:
     print(machine_line())
     folder = tempfile.mkdtemp()
     costs = raydist.run(save_costs, args=(options.mb, options.saves, folder), num_workers=4, placement_strategy="SPREAD")
-    print(f"\n## blocking time of one save, {options.mb} MB per rank (median, rank 0)\n\n| method | seconds | vs torch.save |\n|---|---|---|")
+    print(
+        f"\n## blocking time of one save, {options.mb} MB per rank (median, rank 0)\n\n| method | seconds | vs torch.save |\n|---|---|---|"
+    )
     for name, seconds in costs[0].items():
         print(f"| {name} | {seconds:.4f} | {seconds / costs[0]['torch.save']:.2f}x |")
     steps = 10 if options.quick else 30

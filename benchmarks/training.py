@@ -43,11 +43,15 @@ def train_loop(steps: int, warmup: int, threads: int, width: int, batch: int) ->
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(width, width), torch.nn.ReLU(),
-        torch.nn.Linear(width, width), torch.nn.ReLU(),
-        torch.nn.Linear(width, 10),
-    ))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 10),
+        )
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, width, generator=generator)
@@ -97,10 +101,25 @@ def run_torchrun(args: argparse.Namespace) -> List[Dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = os.path.join(tmp, "result.json")
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}",
-            os.path.abspath(__file__), "--torchrun-worker", "--result-file", result_file,
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
-            "--width", str(args.width), "--batch", str(args.batch),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.workers}",
+            os.path.abspath(__file__),
+            "--torchrun-worker",
+            "--result-file",
+            result_file,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+            "--width",
+            str(args.width),
+            "--batch",
+            str(args.batch),
         ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
@@ -113,7 +132,9 @@ def run_raydist(args: argparse.Namespace, flight_recorder: bool = True) -> List[
     import raydist
 
     return raydist.run(
-        train_loop, num_workers=args.workers, args=(args.steps, args.warmup, args.threads, args.width, args.batch),
+        train_loop,
+        num_workers=args.workers,
+        args=(args.steps, args.warmup, args.threads, args.width, args.batch),
         flight_recorder=flight_recorder,
     )
 
@@ -133,7 +154,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--reps", type=int, default=3, help="runs per launcher, alternating")
     parser.add_argument("--quick", action="store_true", help="1 run per launcher, 100 steps")
     parser.add_argument(
-        "--recorder", action="store_true",
+        "--recorder",
+        action="store_true",
         help="compare raydist with its flight recorder and straggler watch (the default) against "
         "flight_recorder=False, instead of raydist against torchrun",
     )
@@ -147,13 +169,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.reps, args.steps = 1, 100
 
     import ray
-
     from _common import header, init_ray, median, print_table, verdict, wait_for_quiet_cpu
 
     header("training")
     init_ray(num_cpus=max(4, args.workers))
     launchers = (
-        (("recorder on", run_raydist), ("recorder off", run_without_recorder)) if args.recorder
+        (("recorder on", run_raydist), ("recorder off", run_without_recorder))
+        if args.recorder
         else (("torchrun", run_torchrun), ("raydist", run_raydist))
     )
     rates: Dict[str, List[float]] = {name: [] for name, _ in launchers}
@@ -175,12 +197,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         ray.shutdown()
 
     def threads_text(name: str) -> str:
-        return "; ".join(f"OMP_NUM_THREADS={o}, launcher left {l}, ran with {t}" for o, l, t in sorted(threads_seen[name]))
+        return "; ".join(f"OMP_NUM_THREADS={o}, launcher left {left}, ran with {t}" for o, left, t in sorted(threads_seen[name]))
 
-    rows = [
-        [name, f"{median(values):.1f}", f"{max(values):.1f}", len(values), threads_text(name)]
-        for name, values in rates.items()
-    ]
+    rows = [[name, f"{median(values):.1f}", f"{max(values):.1f}", len(values), threads_text(name)] for name, values in rates.items()]
     print_table(
         f"DDP training, {args.workers} workers, MLP {args.width}x{args.width}x{args.width}x10, batch {args.batch}, "
         f"{args.steps} steps timed after {args.warmup} (steps/s: median {WINDOW_STEPS}-step window of the slowest rank)",
@@ -196,6 +215,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         ratio = pick(rates["raydist"]) / pick(rates["torchrun"])
         ratio_rows.append([label, f"{ratio:.2f}x", verdict(ratio >= TARGET_RATIO)])
     print_table("Training ratio", ["steps/s", "raydist / torchrun", f">= {TARGET_RATIO}x"], ratio_rows)
+
 
 def _recorder_ratio(rates: Dict[str, List[float]]) -> None:
     from _common import median, print_table, verdict

@@ -50,10 +50,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.calls = 50
 
     import ray
+    from _common import fmt_ms, fmt_ratio, header, init_ray, median, percentile, print_table, verdict
 
     from raydist import WorkerGroup
-
-    from _common import fmt_ms, fmt_ratio, header, init_ray, median, percentile, print_table, verdict
 
     header("warm call")
     init_ray(num_cpus=2 * args.workers)  # both pools alive at once, calls alternate
@@ -83,11 +82,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     print_table(
         "Warm call ratios",
         ["raydist / bare (median)", "raydist / bare (p99)", f"raydist median <= {TARGET_MEDIAN_S * 1000:g} ms"],
-        [[
-            fmt_ratio(rd_median, bare_median),
-            fmt_ratio(percentile(raydist_times, 99), percentile(bare_times, 99)),
-            verdict(rd_median <= TARGET_MEDIAN_S),
-        ]],
+        [
+            [
+                fmt_ratio(rd_median, bare_median),
+                fmt_ratio(percentile(raydist_times, 99), percentile(bare_times, 99)),
+                verdict(rd_median <= TARGET_MEDIAN_S),
+            ]
+        ],
     )
 
 

@@ -1,6 +1,6 @@
 """The core without Ray: run under torchrun (or SLURM, horovodrun).
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
+python -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
 """
 
 import sys
@@ -16,8 +16,7 @@ def main() -> None:
     mine = raydist.scatter_object([f"work item {r}" for r in range(info.world_size)] if info.is_master() else None)
     line = (
         f"rank {info.rank}/{info.world_size} (local {info.local_rank}, backend {info.backend}): "
-        f"config={config} all_gather={ranks} scatter={mine!r}"
-        + (f" gather={gathered}" if gathered is not None else "")
+        f"config={config} all_gather={ranks} scatter={mine!r}" + (f" gather={gathered}" if gathered is not None else "")
     )
     sys.stdout.write(line + "\n")  # one write, so ranks' lines do not interleave
     sys.stdout.flush()

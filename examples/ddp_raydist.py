@@ -1,6 +1,6 @@
 """Train a small model with DDP on synthetic data through raydist.run (CPU is fine).
 
-    python examples/ddp_raydist.py --num-workers 2 --steps 50
+python examples/ddp_raydist.py --num-workers 2 --steps 50
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     losses = raydist.run(train, num_workers=args.num_workers, args=(args.steps, args.batch_size, args.seed))
-    print(f"final loss per rank: {[round(l, 4) for l in losses]}")
+    print(f"final loss per rank: {[round(loss, 4) for loss in losses]}")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto",
-        help="cpu (gloo), cuda (nccl, one GPU per process: LOCAL_RANK picks it) or auto "
-        "(cuda when available; the default)",
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="cpu (gloo), cuda (nccl, one GPU per process: LOCAL_RANK picks it) or auto (cuda when available; the default)",
     )
     return parser.parse_args()
 

@@ -70,11 +70,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     parser.add_argument(
-        "--step-delay", type=float, default=0.0, metavar="SECONDS",
+        "--step-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="sleep this long in every step, to stand in for a heavier model (demos and tests)",
     )
     parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
         help="cpu (gloo), cuda (nccl, one GPU per process) or auto (cuda when available; the default)",
     )
     args = parser.parse_args()
@@ -221,10 +226,17 @@ def main() -> int:
         stop = stats[1].item() > 0 and step < args.steps  # a warning at the last step: just finish
         if step % args.checkpoint_every == 0 or step == args.steps or stop:
             if rank == 0:
-                save_checkpoint(args.checkpoint_dir, {
-                    "model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "loss": last_loss, "world_size": world_size, "global_batch_size": args.global_batch_size,
-                })
+                save_checkpoint(
+                    args.checkpoint_dir,
+                    {
+                        "model": net.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "step": step,
+                        "loss": last_loss,
+                        "world_size": world_size,
+                        "global_batch_size": args.global_batch_size,
+                    },
+                )
                 print(f"step {step} world {world_size} loss {last_loss:.6f} (checkpoint saved)", flush=True)
             if stop:
                 # The earliest deadline any rank was given (raydist tells only the ranks on the draining node).

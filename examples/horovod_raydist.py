@@ -1,7 +1,7 @@
 """Train a small model with hvd.DistributedOptimizer through raydist (CPU is fine).
 
-    bash scripts/install-horovod.sh .venv/bin/python   # once: builds horovod for this torch
-    python examples/horovod_raydist.py --num-workers 2 --steps 50
+bash scripts/install-horovod.sh .venv/bin/python   # once: builds horovod for this torch
+python examples/horovod_raydist.py --num-workers 2 --steps 50
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from typing import Dict, List
 import numpy as np
 import ray
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import raydist

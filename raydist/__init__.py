@@ -67,11 +67,11 @@ if TYPE_CHECKING:
     from raydist.errors import (
         InfeasibleResourcesError,
         RaydistError,
-        WorkerGroupClosed,
-        WorkerGroupStopped,
         WorkerCallCancelled,
         WorkerFailure,
+        WorkerGroupClosed,
         WorkerGroupError,
+        WorkerGroupStopped,
         WorkerGroupTimeout,
         WorkerStartupTimeout,
     )

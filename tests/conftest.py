@@ -250,9 +250,7 @@ def _settled(find: Callable[[], List[str]], timeout: float) -> List[str]:
     return found
 
 
-def assert_nothing_left(
-    ports_before: Optional[Set[int]] = None, files: bool = True, within: float = 0.0, exit_s: float = 30.0
-) -> None:
+def assert_nothing_left(ports_before: Optional[Set[int]] = None, files: bool = True, within: float = 0.0, exit_s: float = 30.0) -> None:
     """The one leak check, after a group or run has ended: no raydist actor
     alive and no placement group (at once, or ``within`` seconds where the
     end is asynchronous, as after a restart); no process of any raydist actor

@@ -20,6 +20,20 @@ from raydist.cli.command import execute, failure_status, main
 from raydist.cli.plan import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError, RunPlan, as_flags, build_config, plan_run
 
 __all__ = [
-    "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "HONOURED", "REFUSED", "TORCHRUN_FLAGS", "CliError", "RunPlan",
-    "as_flags", "build_config", "build_parser", "execute", "failure_status", "main", "plan_run", "split_script_args",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "HONOURED",
+    "REFUSED",
+    "TORCHRUN_FLAGS",
+    "CliError",
+    "RunPlan",
+    "as_flags",
+    "build_config",
+    "build_parser",
+    "execute",
+    "failure_status",
+    "main",
+    "plan_run",
+    "split_script_args",
 ]

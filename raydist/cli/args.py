@@ -86,12 +86,14 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     debug.add_argument("--rank", type=parse_int, default=None, help="the rank to attach to (default: the only one waiting)")
     debug.add_argument("--list", action="store_true", help="only list the waiting ranks")
     run.add_argument(
-        "target", metavar="script",
-        help="the training script's path (relative to the working directory), or the module "
-        "name with -m",
+        "target",
+        metavar="script",
+        help="the training script's path (relative to the working directory), or the module name with -m",
     )
     run.add_argument(
-        "script_args", nargs="*", metavar="args",
+        "script_args",
+        nargs="*",
+        metavar="args",
         help="arguments for the script, passed through untouched",
     )
     return parser, run
@@ -156,14 +158,23 @@ def _add_cli_only_arguments(run: argparse.ArgumentParser) -> None:
     """torchrun's flags that are not one RunConfig option each."""
     kinds = [kind for kind in ACCELERATOR_CHOICES if kind != "auto"]
     run.add_argument(
-        "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers",
-        dest="nproc_per_node", type=_nproc, default=(1, None), metavar="N",
+        "-n",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        "--num-workers",
+        dest="nproc_per_node",
+        type=_nproc,
+        default=(1, None),
+        metavar="N",
         help=f"workers per node (default 1); or, as torchrun takes it, {', '.join(map(repr, kinds[:-1]))} "
         f"or {kinds[-1]!r} for one worker per device of that kind in the cluster, or 'auto' for one "
         "per device of the kind the cluster has (one per CPU slot when it has none)",
     )
     run.add_argument(
-        "--nnodes", type=_nnodes, default=None, metavar="N|MIN:MAX",
+        "--nnodes",
+        type=_nnodes,
+        default=None,
+        metavar="N|MIN:MAX",
         help="torchrun's layout: exactly nproc-per-node workers on each of N distinct nodes (one "
         "placement-group bundle per node, STRICT_SPREAD); node g (GROUP_RANK g) holds ranks g*P to "
         "g*P+P-1 and LOCAL_WORLD_SIZE=P. Fails at once, naming the nodes, when fewer than N nodes can "
@@ -172,22 +183,28 @@ def _add_cli_only_arguments(run: argparse.ArgumentParser) -> None:
         "on the whole nodes there are. Without --nnodes, the workers go wherever they fit",
     )
     run.add_argument(
-        "--no-python", "--no_python", action="store_true",
+        "--no-python",
+        "--no_python",
+        action="store_true",
         help="run the target as an executable instead of a Python script: each worker starts it as "
         "a child process with its rank's environment (torchrun's --no-python); its exit status is the rank's",
     )
     run.add_argument(
-        "--run-path", "--run_path", action="store_true",
+        "--run-path",
+        "--run_path",
+        action="store_true",
         help="run the script with runpy.run_path in the worker's interpreter, which raydist always "
         "does for a script (torchrun's --run-path); it wins over --no-python, as under torchrun",
     )
     run.add_argument(
-        "-m", "--module", action="store_true",
-        help="treat the target as a module name and run it like `python -m` (the working "
-        "directory goes first on sys.path)",
+        "-m",
+        "--module",
+        action="store_true",
+        help="treat the target as a module name and run it like `python -m` (the working directory goes first on sys.path)",
     )
     run.add_argument(
-        "--standalone", action="store_true",
+        "--standalone",
+        action="store_true",
         help="start a private local Ray for this run even if RAY_ADDRESS is set or a cluster "
         "runs on this machine (torchrun's single-node mode)",
     )
@@ -211,12 +228,7 @@ def _add_config_arguments(run: argparse.ArgumentParser) -> None:
 def split_script_args(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     """Split ``raydist run``'s arguments into its own (up to and including the
     script) and the script's, so that script flags are never parsed here."""
-    takes_value = {
-        option
-        for action in run_parser._actions
-        for option in action.option_strings
-        if action.nargs != 0
-    }
+    takes_value = {option for action in run_parser._actions for option in action.option_strings if action.nargs != 0}
     index = 0
     while index < len(argv):
         token = argv[index]

@@ -11,6 +11,7 @@ from raydist.cli.args import build_parser, split_script_args
 from raydist.cli.plan import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError, RunPlan, as_flags, plan_run
 from raydist.pool.driver import signals
 
+
 def failure_status(failures: Sequence[Any]) -> int:
     """The status python would exit with when every failing rank called
     ``sys.exit(n)`` (n modulo 256: -1 gives 255); else 1 (a rank raised or died)."""

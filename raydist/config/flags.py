@@ -62,7 +62,7 @@ def parse_resources(value: str) -> Dict[str, Any]:
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {value!r}") from None
     if not isinstance(resources, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object such as \'{{"CPU": 2}}\', got {value!r}')
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"CPU\": 2}}', got {value!r}")
     return resources
 
 

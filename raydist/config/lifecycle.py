@@ -53,32 +53,38 @@ def check_signals_to_handle(name: str, value: Any) -> Tuple[str, ...]:
 
 
 TIMEOUT = Option(
-    None, check=optional(check_seconds),
-    doc="seconds a call may take; then WorkerGroupTimeout names the ranks that had not finished. "
-    "None: no limit.",
+    None,
+    check=optional(check_seconds),
+    doc="seconds a call may take; then WorkerGroupTimeout names the ranks that had not finished. None: no limit.",
     flag=flag(
-        "--timeout", parse=parse_seconds, metavar="SECONDS",
-        help="stop the run and fail if the script has not finished on every rank after "
-        "this many seconds (default: no limit)",
+        "--timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
+        help="stop the run and fail if the script has not finished on every rank after this many seconds (default: no limit)",
     ),
 )
 STARTUP_TIMEOUT = Option(
-    300.0, check=check_seconds,
-    doc="seconds to wait for the cluster to provide the workers and for them to initialise; a "
-    "request that can never fit fails at once.",
+    300.0,
+    check=check_seconds,
+    doc="seconds to wait for the cluster to provide the workers and for them to initialise; a request that can never fit fails at once.",
     flag=flag(
-        "--startup-timeout", parse=parse_seconds, metavar="SECONDS",
+        "--startup-timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
         help="how long to wait for the cluster to answer, for a busy or autoscaling cluster to "
         "provide the workers, and for them to initialise (default {default:g}); a request the "
         "cluster can never meet fails at once",
     ),
 )
 MAX_RESTARTS = Option(
-    0, check=at_least(0),
-    doc="rebuild the group and run again this many times after a worker dies (after any failure "
-    "with ``retry_on_exception``).",
+    0,
+    check=at_least(0),
+    doc="rebuild the group and run again this many times after a worker dies (after any failure with ``retry_on_exception``).",
     flag=flag(
-        "--max-restarts", "--max_restarts", parse=parse_int, metavar="K",
+        "--max-restarts",
+        "--max_restarts",
+        parse=parse_int,
+        metavar="K",
         help="after a failure (a rank raises, exits non-zero or dies), restart the "
         "group and rerun the script, up to K times, as torchrun does (in fresh processes "
         "unless --restart-mode warm) "
@@ -86,49 +92,62 @@ MAX_RESTARTS = Option(
     ),
 )
 RETRY_ON_EXCEPTION = Option(
-    False, check=check_bool,  # raydist run: always (torchrun restarts after any failure)
+    False,
+    check=check_bool,  # raydist run: always (torchrun restarts after any failure)
     doc="count a raised exception as restartable too.",
 )
 RESTART_TO_GROW = Option(
-    False, check=check_bool,
+    False,
+    check=check_bool,
     doc="with ``num_workers=(min, max)``, stop and restart the group when the cluster can host "
     "more of its workers (up to max), as torchrun's elastic agent does on a membership change; "
     "not counted against ``max_restarts``.",
     flag=flag(
-        "--restart-to-grow", action="store_true",
+        "--restart-to-grow",
+        action="store_true",
         help="with --nnodes MIN:MAX: when the cluster can host more of the run's workers (a "
         "node joined), stop the workers and restart with more, as torchrun's elastic agent does "
         "on a membership change (not counted against --max-restarts)",
     ),
 )
 PREEMPTION_SIGNAL = Option(
-    "SIGTERM", check=optional(check_signal),
+    "SIGTERM",
+    check=optional(check_signal),
     doc="the signal ranks on a draining node get at once (their code reads the deadline with "
     "``raydist.preemption_requested()``); None: no signal, only the deadline.",
     flag=flag(
-        "--preemption-signal", metavar="SIGNAL", to_option=none_word,
+        "--preemption-signal",
+        metavar="SIGNAL",
+        to_option=none_word,
         help="signal sent at once to the ranks on a node Ray starts draining (spot preemption, "
         "`ray drain-node`); the script reads the deadline with raydist.preemption_requested(); "
         "'none' for no signal (default: {default})",
     ),
 )
 MONITOR_INTERVAL = Option(
-    1.0, check=check_seconds,
+    1.0,
+    check=check_seconds,
     doc="seconds between the driver's looks at node drains and free room while a group runs.",
     flag=flag(
-        "--monitor-interval", "--monitor_interval", parse=parse_seconds, metavar="SECONDS",
+        "--monitor-interval",
+        "--monitor_interval",
+        parse=parse_seconds,
+        metavar="SECONDS",
         help="how often the driver looks at the cluster while the workers run (node drains, "
         "and room to grow with --restart-to-grow); worker deaths are seen at once regardless "
         "(default {default:g})",
     ),
 )
 SIGNALS_TO_HANDLE = Option(
-    ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"), check=check_signals_to_handle,
+    ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"),
+    check=check_signals_to_handle,
     doc="the signals ``raydist run`` handles (torchrun's ``--signals-to-handle``): forwarded to "
     "every rank, then after ``shutdown_timeout`` the workers are killed. ``raydist.run()`` in "
     "Python leaves the process's signal handling to the program.",
     flag=flag(
-        "--signals-to-handle", "--signals_to_handle", metavar="SIGNALS",
+        "--signals-to-handle",
+        "--signals_to_handle",
+        metavar="SIGNALS",
         help="comma-separated signals `raydist run` handles, whatever it inherited (a background "
         "job starts with SIGINT ignored), as torchrun does: each is forwarded to every rank, "
         "then after --shutdown-timeout the workers are killed and the run exits with status 1 "
@@ -137,23 +156,30 @@ SIGNALS_TO_HANDLE = Option(
     ),
 )
 SHUTDOWN_TIMEOUT = Option(
-    30.0, check=check_seconds,
-    doc="seconds to wait for the ranks after forwarding a signal, before they are killed "
-    "(torchrun's ``--shutdown-timeout``).",
+    30.0,
+    check=check_seconds,
+    doc="seconds to wait for the ranks after forwarding a signal, before they are killed (torchrun's ``--shutdown-timeout``).",
     flag=flag(
-        "--shutdown-timeout", "--shutdown_timeout", parse=parse_seconds, metavar="SECONDS",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
         help="after forwarding a handled signal, how long to wait for the ranks to finish "
         "(their handlers saving state) before killing them, as torchrun's option (default {default:g})",
     ),
 )
 RESTART_MODE = Option(
-    "warm", check=choice(RESTART_MODES),
+    "warm",
+    check=choice(RESTART_MODES),
     doc='"warm" (the default): a restart keeps the surviving workers\' processes (their process '
     "group destroyed and initialised again with the new ranks) and starts processes only for the "
     'dead; "fresh": every attempt in new processes, as torchrun does (the default of '
     "``raydist run``).",
     flag=flag(
-        "--restart-mode", parse=str.lower, choices=RESTART_MODES, metavar="MODE",
+        "--restart-mode",
+        parse=str.lower,
+        choices=RESTART_MODES,
+        metavar="MODE",
         help="warm: a restart keeps the surviving workers' processes (the process group is destroyed "
         "and the script runs again as __main__ in them; modules it imported stay imported) and "
         "starts new ones only for the dead; fresh: every attempt in new processes, as torchrun "
@@ -161,23 +187,29 @@ RESTART_MODE = Option(
     ),
 )
 SPARE_WORKERS = Option(
-    0, check=at_least(0),
+    0,
+    check=at_least(0),
     doc="extra workers placed and started ahead of time (torch imported, device pinned), outside "
     "the world; a dead rank's place goes to one at once, and a used spare is replaced in the "
     "background.",
     flag=flag(
-        "--spare-workers", parse=parse_int, metavar="K",
+        "--spare-workers",
+        parse=parse_int,
+        metavar="K",
         help="start K extra workers ahead of time (placed, torch imported), outside the world; a "
         "dead rank's place goes to one of them at once (with --restart-mode warm) and a used one "
         "is replaced in the background (default {default})",
     ),
 )
 SURVIVOR_TIMEOUT = Option(
-    10.0, check=check_seconds,
+    10.0,
+    check=check_seconds,
     doc="seconds a surviving worker's call may take to return after a failure before a warm "
     "restart kills it and starts a new process in its place.",
     flag=flag(
-        "--survivor-timeout", parse=parse_seconds, metavar="SECONDS",
+        "--survivor-timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
         help="in a warm restart, how long a surviving worker may take to return from the failed "
         "attempt before it is killed and replaced by a new process (default {default:g})",
     ),
@@ -197,20 +229,25 @@ def check_state_dir(name: str, value: Any) -> str:
 
 
 STATE_DIR = Option(
-    None, check=optional(check_state_dir),
+    None,
+    check=optional(check_state_dir),
     doc="a directory where committed ``save_state`` steps are also written (by the driver's node, "
     "in the background); a new run resumes from the newest one there.",
     flag=flag(
-        "--state-dir", metavar="DIR",
+        "--state-dir",
+        metavar="DIR",
         help="also write committed save_state steps to DIR (on the driver's machine) in the background, "
         "and resume from the newest one there when a new run starts; a step cut short is never loaded",
     ),
 )
 STATE_KEEP = Option(
-    2, check=at_least(1),
+    2,
+    check=at_least(1),
     doc="committed steps kept in ``state_dir``.",
     flag=flag(
-        "--state-keep", parse=parse_int, metavar="N",
+        "--state-keep",
+        parse=parse_int,
+        metavar="N",
         help="committed steps kept in --state-dir (default {default})",
     ),
 )

@@ -37,10 +37,7 @@ def parse_std(name: str, value: Any) -> StdSpec:
         if _STD_ONE.match(text):
             return int(text)
         if not _STD_PER_RANK.match(text):
-            raise ValueError(
-                f"{name} {value!r} is neither a stream code ({_STD_CODES}) nor "
-                "LOCAL_RANK:CODE pairs such as '0:1,1:2'"
-            )
+            raise ValueError(f"{name} {value!r} is neither a stream code ({_STD_CODES}) nor LOCAL_RANK:CODE pairs such as '0:1,1:2'")
         pairs = [pair.split(":") for pair in text.split(",")]
         ranks = [int(rank) for rank, _ in pairs]
         twice = sorted({rank for rank in ranks if ranks.count(rank) > 1})
@@ -93,43 +90,54 @@ def check_log_dir(name: str, value: Any) -> str:
 
 
 LOG_DIR = Option(
-    None, check=optional(check_log_dir),
+    None,
+    check=optional(check_log_dir),
     doc="directory for per-rank log files, laid out as torchrun lays them out "
     "(``<log_dir>/<run_id>_<random>/attempt_<k>/<rank>/stdout.log``); written on the driver's "
     "machine. None: a temporary directory, made only when ``redirects`` or ``tee`` asks for files.",
     flag=flag(
-        "--log-dir", "--log_dir", metavar="DIR",
+        "--log-dir",
+        "--log_dir",
+        metavar="DIR",
         help="directory for per-rank log files, laid out as torchrun does: "
         "DIR/<run id>_<random>/attempt_<k>/<rank>/stdout.log and stderr.log, one attempt_<k> per "
         "restart. Written on this machine (the driver's), for every rank on every node",
     ),
 )
 REDIRECTS = Option(
-    STD_NONE, check=parse_std,
+    STD_NONE,
+    check=parse_std,
     doc="torchrun's ``-r``: streams written to the log files instead of the console, one code for "
     'all local ranks (0 none, 1 stdout, 2 stderr, 3 both) or per local rank (``"0:1,1:2"``, '
     "``{0: 1, 1: 2}``).",
     flag=flag(
-        "-r", "--redirects", metavar="CODES",
+        "-r",
+        "--redirects",
+        metavar="CODES",
         help="send streams to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
         "3 both, for every local rank (-r 3) or per local rank (-r 0:1,1:2); without --log-dir "
         "the files go to a new temporary directory (default {default})",
     ),
 )
 TEE = Option(
-    STD_NONE, check=parse_std,
+    STD_NONE,
+    check=parse_std,
     doc="torchrun's ``-t``: streams written to the log files and the console (same codes).",
     flag=flag(
-        "-t", "--tee", metavar="CODES",
+        "-t",
+        "--tee",
+        metavar="CODES",
         help="send streams to the log files and the console (codes as for --redirects; default {default})",
     ),
 )
 LOCAL_RANKS_FILTER = Option(
-    None, check=parse_local_ranks,
-    doc="torchrun's ``--local-ranks-filter``: only these local ranks reach the console (files are "
-    "not filtered); None: all.",
+    None,
+    check=parse_local_ranks,
+    doc="torchrun's ``--local-ranks-filter``: only these local ranks reach the console (files are not filtered); None: all.",
     flag=flag(
-        "--local-ranks-filter", "--local_ranks_filter", metavar="RANKS",
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        metavar="RANKS",
         help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
         "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
         "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",

@@ -28,8 +28,8 @@ class RunConfig:
     """The options of one run. Built once (every option checked in
     ``__post_init__``), never changed; ``replace`` makes a checked copy."""
 
-    num_workers: Union[None, int, Tuple[int, int]] = placement.NUM_WORKERS.field()
-    num_nodes: Union[None, int, Tuple[int, int]] = placement.NUM_NODES.field()
+    num_workers: Union[int, Tuple[int, int], None] = placement.NUM_WORKERS.field()
+    num_nodes: Union[int, Tuple[int, int], None] = placement.NUM_NODES.field()
     workers_per_node: Optional[int] = placement.WORKERS_PER_NODE.field()
     accelerator: str = placement.ACCELERATOR.field()
     resources_per_worker: Mapping[str, float] = placement.RESOURCES_PER_WORKER.field()
@@ -147,9 +147,7 @@ def _check_devices(config: RunConfig) -> None:
     elif config.accelerator != "auto":
         resource = BY_NAME[config.accelerator].ray_resource or "CPU"
         if resources.get(resource, 1) == 0:
-            raise ValueError(
-                f"resources_per_worker sets {resource} to 0 but accelerator={config.accelerator!r} needs it"
-            )
+            raise ValueError(f"resources_per_worker sets {resource} to 0 but accelerator={config.accelerator!r} needs it")
 
 
 def _check_backend(config: RunConfig) -> None:
@@ -165,10 +163,7 @@ def _check_layout(config: RunConfig) -> None:
     """num_nodes x workers_per_node: torchrun's layout, which excludes num_workers."""
     if config.num_nodes is not None:
         if config.num_workers is not None:
-            raise ValueError(
-                "num_workers and num_nodes exclude each other: with num_nodes the world is "
-                "num_nodes x workers_per_node"
-            )
+            raise ValueError("num_workers and num_nodes exclude each other: with num_nodes the world is num_nodes x workers_per_node")
         if config.workers_per_node is None:
             raise ValueError("num_nodes needs workers_per_node (the workers on each node)")
         if config.placement_strategy is not None:

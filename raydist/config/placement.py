@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
-from raydist.config.flags import flag, parse_int, parse_resources
+from raydist.config.flags import flag, parse_resources
 from raydist.config.option import Option
 from raydist.config.values import check_int, choice, empty_if_none, is_number, optional, type_name
 from raydist.core.accelerators import ACCELERATOR_CHOICES, DEVICE_RESOURCES, auto_help, kinds_help
@@ -34,7 +34,7 @@ NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node
 _NODE_ID_PREFIX = re.compile(r"^[0-9a-fA-F]{8,}$")
 
 
-def check_size(name: str, value: Any) -> Union[None, int, Tuple[int, int]]:
+def check_size(name: str, value: Any) -> Union[int, Tuple[int, int], None]:
     """num_workers / num_nodes: N, or (min, max) for an elastic size; (n, n) is n."""
     if not isinstance(value, (tuple, list)):
         return None if value is None else check_int(name, value, 1)
@@ -80,8 +80,7 @@ def _check_amount(where: str, key: str, amount: Any) -> float:
         raise ValueError(f"{where}={amount!r}: Ray counts resources in steps of {_RESOURCE_PRECISION:g}")
     if key in DEVICE_RESOURCES and amount > 1 and not float(amount).is_integer():
         raise ValueError(
-            f"{where}={amount!r}: a worker either shares one device (an amount below 1) "
-            "or holds whole devices (a whole number)"
+            f"{where}={amount!r}: a worker either shares one device (an amount below 1) or holds whole devices (a whole number)"
         )
     return float(amount)
 
@@ -114,10 +113,7 @@ def check_label_selector(name: str, value: Any) -> Dict[str, str]:
         if not isinstance(key, str) or not _LABEL_KEY.match(key):
             raise ValueError(f"{name} key {key!r} is not a Ray label key (such as 'zone' or 'example.com/pool')")
         if not isinstance(condition, str) or not _LABEL_CONDITION.match(condition.strip()):
-            raise ValueError(
-                f"{name}[{key!r}]={condition!r} is not one of Ray's forms: "
-                "VALUE, !VALUE, in(V1,V2,...), !in(V1,V2,...)"
-            )
+            raise ValueError(f"{name}[{key!r}]={condition!r} is not one of Ray's forms: VALUE, !VALUE, in(V1,V2,...), !in(V1,V2,...)")
     # Ray's placement takes "in(a,b)" but never places a bundle whose selector reads "in(a, b)".
     return {key: re.sub(r"\s+", "", condition) for key, condition in value.items()}
 
@@ -131,10 +127,7 @@ def check_exclude_nodes(name: str, value: Any) -> Tuple[str, ...]:
     checked = []
     for item in items:
         if not isinstance(item, str) or not (_NODE_ID_PREFIX.match(item) or _is_ip(item)):
-            raise ValueError(
-                f"{name} entry {item!r} is neither a Ray node id (at least its first 8 "
-                "characters) nor an IP address"
-            )
+            raise ValueError(f"{name} entry {item!r} is neither a Ray node id (at least its first 8 characters) nor an IP address")
         checked.append(item.lower() if _NODE_ID_PREFIX.match(item) else item)
     return tuple(dict.fromkeys(checked))
 
@@ -168,7 +161,8 @@ def check_address(name: str, value: Any) -> str:
 # -- the options ------------------------------------------------------------
 
 NUM_WORKERS = Option(
-    None, check=check_size,
+    None,
+    check=check_size,
     doc="ranks to start; None means one per device of the chosen kind in the cluster, or one per "
     "CPU slot when there are none. ``(min, max)`` makes the group elastic: it starts with as many "
     "workers as fit (up to max) once min fit, and after a node loss or preemption restarts with "
@@ -176,7 +170,8 @@ NUM_WORKERS = Option(
     flag=flag("--nproc-per-node", help="set by -n/--nproc-per-node", generated=False),
 )
 NUM_NODES = Option(
-    None, check=check_size,
+    None,
+    check=check_size,
     doc="with ``workers_per_node``, torchrun's layout: exactly ``workers_per_node`` ranks on each of "
     "``num_nodes`` distinct nodes (node g holds ranks g*P ... g*P+P-1; every rank sees "
     "LOCAL_WORLD_SIZE=P); one placement-group bundle per node, STRICT_SPREAD "
@@ -185,37 +180,47 @@ NUM_NODES = Option(
     flag=flag("--nnodes", help="set by --nnodes", generated=False),
 )
 WORKERS_PER_NODE = Option(
-    None, check=optional(lambda name, value: check_int(name, value, 1)),
+    None,
+    check=optional(lambda name, value: check_int(name, value, 1)),
     doc="the ranks on each node under ``num_nodes``.",
     flag=flag("--nproc-per-node", help="set by -n/--nproc-per-node with --nnodes", generated=False),
 )
 ACCELERATOR = Option(
-    "auto", check=choice(ACCELERATOR_CHOICES),
-    doc='"auto" (GPU if the cluster has GPUs, else NPU, else HPU, else CPU), or one of "gpu", '
-    '"xpu", "npu", "hpu", "cpu".',
+    "auto",
+    check=choice(ACCELERATOR_CHOICES),
+    doc='"auto" (GPU if the cluster has GPUs, else NPU, else HPU, else CPU), or one of "gpu", "xpu", "npu", "hpu", "cpu".',
     flag=flag(
-        "--accelerator", parse=str.lower, choices=ACCELERATOR_CHOICES,
+        "--accelerator",
+        parse=str.lower,
+        choices=ACCELERATOR_CHOICES,
         help=f"device per worker: 'auto' ({auto_help()}) or one kind: {kinds_help()}; default: {{default}}",
     ),
 )
 RESOURCES_PER_WORKER = Option(
-    {}, check=empty_if_none(check_resources, {}),
-    doc='Ray resources per worker, added to or overriding the default of 1 CPU plus 1 device, '
+    {},
+    check=empty_if_none(check_resources, {}),
+    doc="Ray resources per worker, added to or overriding the default of 1 CPU plus 1 device, "
     'e.g. ``{"CPU": 4}``, ``{"GPU": 2}`` or ``{"GPU": 0.5}``.',
     flag=flag(
-        "--resources-per-worker", parse=parse_resources, metavar="JSON",
-        help='Ray resources per worker as a JSON object, e.g. \'{{"CPU": 4}}\', \'{{"GPU": 2}}\' '
+        "--resources-per-worker",
+        parse=parse_resources,
+        metavar="JSON",
+        help="Ray resources per worker as a JSON object, e.g. '{{\"CPU\": 4}}', '{{\"GPU\": 2}}' "
         "(two GPUs per worker: LOCAL_RANK stays the local rank, raydist.get_context().device_index "
-        'names the first of them) or \'{{"GPU": 0.5}}\' (two workers share a GPU). Default: 1 CPU '
+        "names the first of them) or '{{\"GPU\": 0.5}}' (two workers share a GPU). Default: 1 CPU "
         "plus 1 device",
     ),
 )
 PLACEMENT_STRATEGY = Option(
-    None, check=optional(choice(PLACEMENT_STRATEGIES)),
+    None,
+    check=optional(choice(PLACEMENT_STRATEGIES)),
     doc="PACK, SPREAD, STRICT_PACK or STRICT_SPREAD; None: PACK, or under ``num_nodes`` the node "
     "layout's own (STRICT_SPREAD), which no other strategy may replace.",
     flag=flag(
-        "--placement-strategy", "--placement_strategy", parse=str.upper, choices=PLACEMENT_STRATEGIES,
+        "--placement-strategy",
+        "--placement_strategy",
+        parse=str.upper,
+        choices=PLACEMENT_STRATEGIES,
         metavar="STRATEGY",
         help=f"Ray placement group strategy, one of {', '.join(PLACEMENT_STRATEGIES)} "
         f"(default: {DEFAULT_PLACEMENT_STRATEGY}); not with --nnodes, which places one bundle per node "
@@ -223,11 +228,12 @@ PLACEMENT_STRATEGY = Option(
     ),
 )
 ADDRESS = Option(
-    None, check=optional(check_address),
-    doc="the Ray cluster to connect to when Ray is not initialised (else RAY_ADDRESS, else a local "
-    "Ray is started).",
+    None,
+    check=optional(check_address),
+    doc="the Ray cluster to connect to when Ray is not initialised (else RAY_ADDRESS, else a local Ray is started).",
     flag=flag(
-        "--address", metavar="ADDRESS",
+        "--address",
+        metavar="ADDRESS",
         help="Ray cluster to run on: its GCS address HOST:PORT (port 6379 by default), "
         "ray://HOST:PORT for Ray Client, or 'auto'. Default: RAY_ADDRESS if set (as "
         "inside `ray job submit`), else the cluster started with `ray start` on this "
@@ -235,29 +241,38 @@ ADDRESS = Option(
     ),
 )
 LABEL_SELECTOR = Option(
-    {}, check=empty_if_none(check_label_selector, {}),
-    doc="Ray node labels the workers' nodes must match, in Ray's forms (``{\"zone\": \"a\"}``, "
+    {},
+    check=empty_if_none(check_label_selector, {}),
+    doc='Ray node labels the workers\' nodes must match, in Ray\'s forms (``{"zone": "a"}``, '
     '``"!a"``, ``"in(a,b)"``, ``"!in(a,b)"``), or the same as ``"zone=a,pool=!spot"``.',
     flag=flag(
-        "--label-selector", "--label_selector", metavar="KEY=VALUE[,...]",
+        "--label-selector",
+        "--label_selector",
+        metavar="KEY=VALUE[,...]",
         help="run only on Ray nodes whose labels match, in Ray's forms: zone=a, zone=!a, "
         "zone=in(a,b), zone=!in(a,b); several conditions separated by commas all apply",
     ),
 )
 ACCELERATOR_TYPE = Option(
-    None, check=optional(check_accelerator_type),
-    doc="only nodes with this accelerator type (Ray's ``accelerator_type:TYPE`` resource), e.g. \"H100\".",
+    None,
+    check=optional(check_accelerator_type),
+    doc='only nodes with this accelerator type (Ray\'s ``accelerator_type:TYPE`` resource), e.g. "H100".',
     flag=flag(
-        "--accelerator-type", "--accelerator_type", metavar="TYPE",
+        "--accelerator-type",
+        "--accelerator_type",
+        metavar="TYPE",
         help="run only on nodes with this accelerator type, as Ray names it (H100, A100, L4, ...: "
         "the node's accelerator_type:TYPE resource)",
     ),
 )
 EXCLUDE_NODES = Option(
-    (), check=lambda name, value: check_exclude_nodes(name, value or ()),
+    (),
+    check=lambda name, value: check_exclude_nodes(name, value or ()),
     doc="nodes never to use: Ray node ids (or 8+ leading characters) or IP addresses.",
     flag=flag(
-        "--exclude-nodes", "--exclude_nodes", metavar="NODE[,NODE...]",
+        "--exclude-nodes",
+        "--exclude_nodes",
+        metavar="NODE[,NODE...]",
         help="never run on these nodes: Ray node ids (or their first 8+ characters) or IP addresses",
     ),
 )

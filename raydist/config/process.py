@@ -27,9 +27,7 @@ LAUNCHER_ENV_PREFIXES: Tuple[str, ...] = ("TORCHELASTIC_", "RAYDIST_")
 
 # torch.distributed backends that device vendors' extensions register on import
 # (not in Backend.backend_list until then): known, so not typos.
-_EXTENSION_BACKENDS = frozenset(
-    {row.default_backend for row in ROWS} | {row.fallback.backend for row in ROWS if row.fallback is not None}
-)
+_EXTENSION_BACKENDS = frozenset({row.default_backend for row in ROWS} | {row.fallback.backend for row in ROWS if row.fallback is not None})
 # torch.distributed backends every torch build has, and those a build may lack.
 _ALWAYS_BUILT = frozenset({"gloo", "fake"})
 _BUILD_OPTIONS = frozenset({"nccl", "mpi", "ucc", "xccl"})
@@ -76,7 +74,7 @@ def check_backend(name: str, value: Any) -> str:
 
 
 def torch_backend_parts(name: str) -> Tuple[str, ...]:
-    """"cpu:gloo,cuda:nccl" -> ("gloo", "nccl")."""
+    """ "cpu:gloo,cuda:nccl" -> ("gloo", "nccl")."""
     return tuple(part.partition(":")[2] if ":" in part else part for part in name.split(","))
 
 
@@ -89,10 +87,7 @@ def _check_torch_backend(name: str) -> None:
 
         known = (set(dist.Backend.backend_list) - {"undefined"}) | _EXTENSION_BACKENDS
         if part not in known:  # backend_list includes those torch plugins registered here
-            raise ValueError(
-                f"unknown backend {name!r}: not in raydist's registry nor torch.distributed's "
-                f"({', '.join(sorted(known))})"
-            )
+            raise ValueError(f"unknown backend {name!r}: not in raydist's registry nor torch.distributed's ({', '.join(sorted(known))})")
         available = getattr(dist, f"is_{part}_available", None)
         if available is not None and not available():
             raise ValueError(f"backend {name!r}: this torch ({torch.__version__}) was built without {part}")
@@ -103,12 +98,14 @@ def _flag_off(given: bool) -> bool:
 
 
 BACKEND = Option(
-    None, check=optional(check_backend),
+    None,
+    check=optional(check_backend),
     doc='torch.distributed backend (default: the device\'s: nccl, hccl, xccl, gloo), or "horovod" '
     "to run hvd.init() instead (or a backend plugin's name); a backend whose library cannot be "
     "imported here is refused.",
     flag=flag(
-        "--backend", metavar="NAME",
+        "--backend",
+        metavar="NAME",
         help="initialise torch.distributed with this backend (gloo, nccl, hccl, ...) or "
         "'horovod' (or an installed plugin's) before the script starts, for scripts that expect "
         "an initialised process group (raydist.init_distributed() and raydist.compat reuse it; a "
@@ -117,39 +114,52 @@ BACKEND = Option(
     ),
 )
 ENV = Option(
-    {}, check=empty_if_none(check_env, {}),
+    {},
+    check=empty_if_none(check_env, {}),
     doc="extra environment variables for every worker (not the launcher's own).",
     flag=flag(
-        "--env", parse=parse_env_pair, action="append", metavar="KEY=VALUE", to_option=dict,
+        "--env",
+        parse=parse_env_pair,
+        action="append",
+        metavar="KEY=VALUE",
+        to_option=dict,
         help="set an environment variable on every worker (repeatable); workers on a "
         "remote cluster do not inherit this shell's environment",
     ),
 )
 INIT_PROCESS_GROUP = Option(
-    True, check=check_bool,  # raydist run: only with --backend
+    True,
+    check=check_bool,  # raydist run: only with --backend
     doc="initialise torch.distributed before the function runs.",
 )
 OBJECT_STORE_THRESHOLD = Option(
-    DEFAULT_OBJECT_STORE_THRESHOLD, check=optional(at_least(0)),
-    doc="objects at least this many bytes travel through Ray's object store in raydist's object "
-    "collectives (None: never).",
+    DEFAULT_OBJECT_STORE_THRESHOLD,
+    check=optional(at_least(0)),
+    doc="objects at least this many bytes travel through Ray's object store in raydist's object collectives (None: never).",
 )
 PG_TIMEOUT = Option(
-    None, check=optional(check_seconds),
+    None,
+    check=optional(check_seconds),
     doc="seconds the process group waits in a collective before it fails (torch's "
     "``init_process_group(timeout=)``); None: torch's default.",
     flag=flag(
-        "--pg-timeout", parse=parse_seconds, metavar="SECONDS",
+        "--pg-timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
         help="how long a collective may wait before the process group fails it (torch's "
         "init_process_group timeout); applies with --backend, where raydist initialises the group",
     ),
 )
 NUMA_BINDING = Option(
-    None, check=optional(choice(NUMA_BINDING_MODES)),
-    doc="torchrun's ``--numa-binding`` mode (node, socket, exclusive, core-complex), applied in "
-    "each worker before the code runs.",
+    None,
+    check=optional(choice(NUMA_BINDING_MODES)),
+    doc="torchrun's ``--numa-binding`` mode (node, socket, exclusive, core-complex), applied in each worker before the code runs.",
     flag=flag(
-        "--numa-binding", "--numa_binding", parse=str.lower, choices=NUMA_BINDING_MODES, metavar="MODE",
+        "--numa-binding",
+        "--numa_binding",
+        parse=str.lower,
+        choices=NUMA_BINDING_MODES,
+        metavar="MODE",
         help="torchrun's NUMA binding: before the script starts, bind each worker's threads to the "
         "CPUs near its GPU (torch.numa.binding's node, socket, exclusive or core-complex). Where "
         "a node gives no topology to bind by (no CUDA GPU, no NUMA information), nothing is bound "
@@ -157,41 +167,50 @@ NUMA_BINDING = Option(
     ),
 )
 VIRTUAL_LOCAL_RANK = Option(
-    False, check=check_bool,
+    False,
+    check=check_bool,
     doc="torchrun's ``--virtual-local-rank``: each worker sees only its own device(s), and LOCAL_RANK=0.",
     flag=flag(
-        "--virtual-local-rank", "--virtual_local_rank", action="store_true",
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        action="store_true",
         help="as torchrun: every worker sees only its own device(s) (CUDA_VISIBLE_DEVICES and the "
         "like) and LOCAL_RANK=0, so its device is index 0",
     ),
 )
 ROLE = Option(
-    "default", check=check_name,
+    "default",
+    check=check_name,
     doc="torchrun's ``--role``: ROLE_NAME, and ``${role_name}`` in the log prefix.",
     flag=flag(
-        "--role", metavar="ROLE",
+        "--role",
+        metavar="ROLE",
         help="the workers' role name, as torchrun's: ROLE_NAME on every rank and ${{role_name}} "
         "in TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (default: {default})",
     ),
 )
 FLIGHT_RECORDER = Option(
-    True, check=check_bool,
+    True,
+    check=check_bool,
     doc="switch torch's flight recorder on in every worker (a short buffer): a hang's report then "
     "says at which collective the ranks diverged, and a rank that reaches collectives "
     "consistently late is named (``WorkerGroup.stragglers()``).",
     flag=flag(
-        "--no-flight-recorder", action="store_true", to_option=_flag_off,
+        "--no-flight-recorder",
+        action="store_true",
+        to_option=_flag_off,
         help="switch off torch's flight recorder in the workers (on by default, with a short "
         "buffer): without it a hang's report cannot say at which collective the ranks diverged, "
         "and no rank is named as a straggler",
     ),
 )
 POST_MORTEM = Option(
-    False, check=check_bool,
-    doc="keep a rank that raised alive at its exception, in pdb (in the launching terminal, or "
-    "attached with ``raydist debug``).",
+    False,
+    check=check_bool,
+    doc="keep a rank that raised alive at its exception, in pdb (in the launching terminal, or attached with ``raydist debug``).",
     flag=flag(
-        "--post-mortem", action="store_true",
+        "--post-mortem",
+        action="store_true",
         help="keep a rank that raises alive at its exception and open pdb there (in this "
         "terminal, or through `raydist debug` from another shell); the run goes on when pdb ends",
     ),

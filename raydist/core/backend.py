@@ -177,9 +177,7 @@ def _plugin_entry(point: importlib.metadata.EntryPoint) -> BackendEntry:
             f"raydist.core.backend.BackendEntry, not {type(entry).__name__}"
         )
     if entry.name != point.name.strip().lower():
-        raise ValueError(
-            f"entry point {point.name!r} of group {ENTRY_POINT_GROUP!r} loads the entry of backend {entry.name!r}"
-        )
+        raise ValueError(f"entry point {point.name!r} of group {ENTRY_POINT_GROUP!r} loads the entry of backend {entry.name!r}")
     return entry
 
 

@@ -17,18 +17,18 @@ from raydist.core.environment import is_using_distributed, is_using_horovod, wor
 from raydist.core.initialize import init_distributed
 
 __all__ = [
+    "all_gather_object",
+    "broadcast_object",
+    "init_distributed_device",
+    "init_distributed_device_so",
+    "is_device_available",
     "is_global_master",
     "is_local_master",
     "is_master",
-    "is_device_available",
-    "set_device",
-    "is_using_horovod",
     "is_using_distributed",
+    "is_using_horovod",
+    "set_device",
     "world_info_from_env",
-    "init_distributed_device",
-    "init_distributed_device_so",
-    "broadcast_object",
-    "all_gather_object",
 ]
 
 

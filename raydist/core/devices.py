@@ -23,7 +23,7 @@ from raydist.core.accelerators import BY_DEVICE_TYPE, CPU, DETECT_ORDER, Acceler
 def _import_optional(name: str) -> Optional[ModuleType]:
     try:
         return importlib.import_module(name)
-    except Exception:  # ImportError, or a broken vendor install raising anything
+    except Exception:  # noqa: BLE001 - ImportError, or a broken vendor install raising anything
         return None
 
 
@@ -64,7 +64,7 @@ def is_device_available(device: str | torch.device) -> Tuple[bool, bool]:
     module = _probe(row)
     try:
         available = bool(module is not None and module.is_available())
-    except Exception:  # a half-installed driver stack
+    except Exception:  # noqa: BLE001 - a half-installed driver stack
         available = False
     return available, True
 
@@ -82,7 +82,7 @@ def device_count(device_type: str) -> int:
     module = device_module(device_type)
     try:
         return int(module.device_count()) if module is not None else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - a half-installed driver stack counts no device
         return 0
 
 
@@ -121,9 +121,7 @@ def default_backend(device_type: str) -> str:
     if fallback is not None and not _has_backend(row.default_backend):
         if importlib.util.find_spec(fallback.module) is not None:
             return fallback.backend
-        warnings.warn(
-            f"no {row.default_backend} or {fallback.label} backend for {device_type} in this torch; using gloo"
-        )
+        warnings.warn(f"no {row.default_backend} or {fallback.label} backend for {device_type} in this torch; using gloo")
         return "gloo"
     return row.default_backend
 

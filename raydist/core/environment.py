@@ -185,5 +185,7 @@ def torchrun_env(
 
 # Read off the function itself, so the names ``env=`` may not set cannot drift from what it sets.
 TORCHRUN_ENV_VARS: FrozenSet[str] = frozenset(
-    torchrun_env(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr="", master_port=0, base_env={})
+    torchrun_env(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr="", master_port=0, base_env={}
+    )
 ) - frozenset(USER_DEFAULT_VARS)

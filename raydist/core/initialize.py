@@ -109,7 +109,7 @@ def init_distributed(
     dist_url: Optional[str] = None,
     horovod: bool = False,
     no_set_device_rank: bool = False,
-    timeout: Union[None, float, datetime.timedelta] = None,
+    timeout: Union[float, datetime.timedelta, None] = None,
     world_of_one: bool = False,
 ) -> DistInfo:
     """Initialise torch.distributed (or horovod) from the launcher environment.
@@ -197,9 +197,7 @@ def get_context() -> DistInfo:
     if _context is not None:
         return _context
     if is_using_distributed():
-        raise RuntimeError(
-            "raydist is not initialised in this process: call raydist.init_distributed() first"
-        )
+        raise RuntimeError("raydist is not initialised in this process: call raydist.init_distributed() first")
     return DistInfo()
 
 

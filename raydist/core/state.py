@@ -24,7 +24,7 @@ STATE_DIR_VAR = "RAYDIST_STATE_DIR"
 STATE_KEEP_VAR = "RAYDIST_STATE_KEEP"
 DEFAULT_KEEP = 2
 
-__all__ = ["save_state", "load_state", "set_store", "StateStore", "Snapshot", "StateSizeError"]
+__all__ = ["Snapshot", "StateSizeError", "StateStore", "load_state", "save_state", "set_store"]
 
 
 class StateSizeError(ValueError):

@@ -10,11 +10,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, FrozenSet, Mapping, Optional, Tuple
 
-from raydist.errors import CallEnd, CollectiveEntry
+from raydist.errors import CallEnd, CollectiveEntry  # noqa: F401 - CallEnd re-exported: the records name it
 
 if TYPE_CHECKING:
     from raydist.config import RunConfig
-
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,7 @@ class Placement:
     accelerator_ids: Tuple[str, ...]
     free_port: int
     evidence: Optional[WorkerEvidence] = None  # where the process leaves its stderr, exit note, stacks
+
 
 @dataclass(frozen=True)
 class WorkerInfo:
@@ -135,15 +135,17 @@ class GroupPhase(enum.Enum):
 
 
 # Every move a group's phase may make (from, to); any other is a bug.
-PHASE_TRANSITIONS: FrozenSet[Tuple[GroupPhase, GroupPhase]] = frozenset({
-    (GroupPhase.STARTING, GroupPhase.RUNNING),
-    (GroupPhase.STARTING, GroupPhase.SHUTTING_DOWN),  # the start failed, or shutdown() from another thread
-    (GroupPhase.RUNNING, GroupPhase.RESTARTING),
-    (GroupPhase.RUNNING, GroupPhase.SHUTTING_DOWN),
-    (GroupPhase.RESTARTING, GroupPhase.RUNNING),  # the next world is installed
-    (GroupPhase.RESTARTING, GroupPhase.SHUTTING_DOWN),  # a shutdown wins over the restart
-    (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED),
-})
+PHASE_TRANSITIONS: FrozenSet[Tuple[GroupPhase, GroupPhase]] = frozenset(
+    {
+        (GroupPhase.STARTING, GroupPhase.RUNNING),
+        (GroupPhase.STARTING, GroupPhase.SHUTTING_DOWN),  # the start failed, or shutdown() from another thread
+        (GroupPhase.RUNNING, GroupPhase.RESTARTING),
+        (GroupPhase.RUNNING, GroupPhase.SHUTTING_DOWN),
+        (GroupPhase.RESTARTING, GroupPhase.RUNNING),  # the next world is installed
+        (GroupPhase.RESTARTING, GroupPhase.SHUTTING_DOWN),  # a shutdown wins over the restart
+        (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED),
+    }
+)
 
 
 def check_transition(current: GroupPhase, to: GroupPhase) -> None:

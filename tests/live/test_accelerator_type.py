@@ -92,12 +92,13 @@ def test_numa_binding_without_a_topology_binds_nothing_and_says_why_once_per_nod
     script = tmp_path / "affinity.py"
     script.write_text("import os\nprint('affinity', os.environ['RANK'], len(os.sched_getaffinity(0)), flush=True)\n")
     address = ray.get_runtime_context().gcs_address
-    status = cli.main(["run", "--address", address, "--nnodes", "2", "-n", "2", "--accelerator-type", "H100",
-                       "--numa-binding", "node", str(script)])
+    status = cli.main(
+        ["run", "--address", address, "--nnodes", "2", "-n", "2", "--accelerator-type", "H100", "--numa-binding", "node", str(script)]
+    )
     out, err = capfd.readouterr()
     assert status == 0, out + err
     line = "--numa-binding node not applied on this node: CUDA sees no GPU"
     assert (out + err).count(line) == 2, out + err  # local rank 0 of each node
-    assert sorted(l.split()[-2] for l in out.splitlines() if "affinity" in l) == ["0", "1", "2", "3"]
+    assert sorted(line.split()[-2] for line in out.splitlines() if "affinity" in line) == ["0", "1", "2", "3"]
     cpus = len(os.sched_getaffinity(0))
-    assert all(l.split()[-1] == str(cpus) for l in out.splitlines() if "affinity " in l)  # nothing bound
+    assert all(line.split()[-1] == str(cpus) for line in out.splitlines() if "affinity " in line)  # nothing bound

@@ -32,9 +32,7 @@ def _horovod_installed() -> bool:
     return True
 
 
-HOROVOD = pytest.param(
-    "horovod", marks=pytest.mark.skipif(not _horovod_installed(), reason="horovod is installed by `make test`")
-)
+HOROVOD = pytest.param("horovod", marks=pytest.mark.skipif(not _horovod_installed(), reason="horovod is installed by `make test`"))
 
 # In a worker process: the origin of every Witness unpickled there since the last clear().
 ARRIVALS: List[int] = []
@@ -90,9 +88,7 @@ def collectives_with_arrivals() -> Dict[str, Dict[str, Any]]:
 @functools.lru_cache(maxsize=None)
 def outcome(backend: Optional[str], world: int) -> Tuple[Dict[str, Dict[str, Any]], ...]:
     """One run per backend and world size, shared by the tests below."""
-    return tuple(
-        raydist.run(collectives_with_arrivals, num_workers=world, backend=backend, object_store_threshold=THRESHOLD)
-    )
+    return tuple(raydist.run(collectives_with_arrivals, num_workers=world, backend=backend, object_store_threshold=THRESHOLD))
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -66,9 +66,7 @@ def attached_env(ray_local: None, cli_env: Dict[str, str]) -> Iterator[Dict[str,
 
 
 def raydist(args: Sequence[str], env: Dict[str, str], cwd: Path = REPO, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "raydist", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "raydist", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def explain(result: subprocess.CompletedProcess) -> str:
@@ -101,10 +99,29 @@ def test_help_documents_every_flag(cli_env: Dict[str, str]) -> None:
         for option in action.option_strings:
             assert option in result.stdout, f"{option} missing from `raydist run --help`"
     for flag in (
-        "-n", "--nproc-per-node", "--nproc_per_node", "--num-workers", "--nnodes", "-m",
-        "--accelerator", "--resources-per-worker", "--backend", "--max-restarts", "--address",
-        "--env", "--placement-strategy", "--timeout", "--startup-timeout", "--standalone",
-        "--log-dir", "--log_dir", "-r", "--redirects", "-t", "--tee", "--local-ranks-filter",
+        "-n",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        "--num-workers",
+        "--nnodes",
+        "-m",
+        "--accelerator",
+        "--resources-per-worker",
+        "--backend",
+        "--max-restarts",
+        "--address",
+        "--env",
+        "--placement-strategy",
+        "--timeout",
+        "--startup-timeout",
+        "--standalone",
+        "--log-dir",
+        "--log_dir",
+        "-r",
+        "--redirects",
+        "-t",
+        "--tee",
+        "--local-ranks-filter",
     ):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", result.stdout), flag
 
@@ -184,7 +201,11 @@ def test_torchrun_script_gives_the_same_loss_as_under_torchrun(attached_env: Dic
     assert "rank 0 of 2" in ours.stdout and "rank 1 of 2" in ours.stdout
     torchrun = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script],
-        cwd=REPO, env=attached_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        env=attached_env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert torchrun.returncode == 0, explain(torchrun)
     ours_loss = FINAL_LOSS.findall(ours.stdout)
@@ -278,9 +299,23 @@ def test_log_files_and_console_match_torchrun(attached_env: Dict[str, str], tmp_
     ours = raydist(["run", "-n", "2", "--accelerator", "cpu", "--log-dir", str(tmp_path / "ours"), *flags, LOG_SCRIPT], env)
     assert ours.returncode == 0, explain(ours)
     torchrun = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--log-dir", str(tmp_path / "torchrun"), *flags, LOG_SCRIPT],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "torchrun"),
+            *flags,
+            LOG_SCRIPT,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert torchrun.returncode == 0, explain(torchrun)
     files = run_files(tmp_path / "ours")
@@ -345,9 +380,21 @@ class RayHead:
             "metrics-export-port": free_port(),
         }
         command = [
-            str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
-            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
-            "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", self.temp_dir,
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--num-cpus",
+            "4",
+            "--num-gpus",
+            "0",
+            "--temp-dir",
+            self.temp_dir,
             *[f"--{name}={port}" for name, port in ports.items()],
         ]
         self.log = open(os.path.join(self.temp_dir, "ray-start.log"), "w")
@@ -420,18 +467,13 @@ class RayHead:
         self.log.close()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-
     def _wait_until_gone(self, recorded: Dict[int, str], timeout: float) -> List[int]:
         """Poll until no process of this head runs; the ones still running."""
         deadline = time.monotonic() + timeout
         while True:
             table = process_table()
             # A recorded pid counts only while it runs the same command (pids are reused).
-            alive = {
-                pid
-                for pid, args in recorded.items()
-                if pid in table and table[pid][2] == args and not table[pid][1].startswith("Z")
-            }
+            alive = {pid for pid, args in recorded.items() if pid in table and table[pid][2] == args and not table[pid][1].startswith("Z")}
             alive.update(self.own_processes())
             if not alive or time.monotonic() >= deadline:
                 return sorted(alive)
@@ -470,8 +512,26 @@ def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead,
     shutil.copy(EXAMPLES / "ddp_torchrun.py", project / "ddp_torchrun.py")
     job_id = f"raydist-cli-test-{uuid.uuid4().hex[:8]}"
     submitted = head.ray(
-        "job", "submit", "--address", head.url, "--submission-id", job_id, "--working-dir", str(project),
-        "--", Path(sys.executable).name, "-m", "raydist", "run", "-n", "2", "ddp_torchrun.py", "--steps", "5", "--device", "cpu",
+        "job",
+        "submit",
+        "--address",
+        head.url,
+        "--submission-id",
+        job_id,
+        "--working-dir",
+        str(project),
+        "--",
+        Path(sys.executable).name,
+        "-m",
+        "raydist",
+        "run",
+        "-n",
+        "2",
+        "ddp_torchrun.py",
+        "--steps",
+        "5",
+        "--device",
+        "cpu",
         timeout=RUN_TIMEOUT_S,
     )
     assert submitted.returncode == 0, explain(submitted) + head.start_log()
@@ -512,7 +572,11 @@ def test_a_record_script_shows_its_error_file_as_torchrun_does(attached_env: Dic
     assert "(its error file: ValueError: shard 1 is corrupt (recorded))" in ours.stderr, explain(ours)
     torchrun = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
-        cwd=REPO, env=attached_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        env=attached_env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert torchrun.returncode == 1, explain(torchrun)
     # The same message and the same traceback (from the error file) as torchrun's report.

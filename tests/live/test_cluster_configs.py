@@ -25,9 +25,16 @@ ALL_CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
 # GCS, dashboard / job API, Ray client server.
 RAY_PORTS = (6379, 8265, 10001)
 LAUNCHER_KEYS = {
-    "cluster_name", "max_workers", "upscaling_speed", "idle_timeout_minutes",
-    "provider", "auth", "file_mounts", "setup_commands",
-    "head_start_ray_commands", "worker_start_ray_commands",
+    "cluster_name",
+    "max_workers",
+    "upscaling_speed",
+    "idle_timeout_minutes",
+    "provider",
+    "auth",
+    "file_mounts",
+    "setup_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
 }
 ALL_PORTS = range(0, 65536)
 
@@ -99,9 +106,7 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         yield from walk(child, f"{path}/{key}")
 
 
-def public_ray_port_exposures(
-    config: Any, ports: Iterable[int] = RAY_PORTS, ranges: bool = True
-) -> list[str]:
+def public_ray_port_exposures(config: Any, ports: Iterable[int] = RAY_PORTS, ranges: bool = True) -> list[str]:
     """Describe every rule in `config` that opens one of `ports` to 0.0.0.0/0
     or ::/0: AWS security-group rules, GCP firewall rules, Kubernetes
     LoadBalancer Services and KubeRay `serviceType: LoadBalancer`. Port ranges
@@ -115,9 +120,7 @@ def public_ray_port_exposures(
             hit = opened(aws_rule_ports(node), ports, ranges)
             if hit:
                 found.append(f"{path or '/'}: AWS rule opens {hit} to the world")
-        if node.get("direction", "INGRESS") == "INGRESS" and any(
-            is_world(s) for s in node.get("sourceRanges", [])
-        ):
+        if node.get("direction", "INGRESS") == "INGRESS" and any(is_world(s) for s in node.get("sourceRanges", [])):
             hit = opened(gcp_rule_ports(node), ports, ranges)
             if hit:
                 found.append(f"{path or '/'}: GCP firewall opens {hit} to the world")
@@ -125,8 +128,7 @@ def public_ray_port_exposures(
             spec = node["spec"]
             sources = spec.get("loadBalancerSourceRanges") or ["0.0.0.0/0"]
             service_ports = [port_range(p.get("port", 0)) for p in spec.get("ports", [])]
-            service_ports += [port_range(p["targetPort"]) for p in spec.get("ports", [])
-                              if isinstance(p.get("targetPort"), int)]
+            service_ports += [port_range(p["targetPort"]) for p in spec.get("ports", []) if isinstance(p.get("targetPort"), int)]
             hit = opened(service_ports, ports, ranges)
             if hit and any(is_world(s) for s in sources):
                 found.append(f"{path or '/'}: LoadBalancer Service exposes {hit} to the world")
@@ -136,8 +138,7 @@ def public_ray_port_exposures(
 
 
 def installs_raydist(doc: dict[str, Any]) -> bool:
-    commands = [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands")
-                for c in doc.get(key) or []]
+    commands = [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands") for c in doc.get(key) or []]
     if any("pip install" in c and re.search(r"\braydist\b", c) for c in commands):
         return True
     runtime_env = yaml.safe_load(doc.get("spec", {}).get("runtimeEnvYAML") or "{}")
@@ -159,7 +160,7 @@ def test_config_parses(name: str) -> None:
 @pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
 def test_launcher_config_keys(name: str) -> None:
     (config,) = load(name)
-    assert LAUNCHER_KEYS <= config.keys()
+    assert config.keys() >= LAUNCHER_KEYS
     if config["provider"]["type"] != "local":  # the local provider makes its own node type
         assert config["head_node_type"] in config["available_node_types"]
     head = " ".join(config["head_start_ray_commands"])
@@ -194,9 +195,11 @@ def test_kuberay_rayjob() -> None:
     assert spec["entrypoint"].startswith("raydist run")
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["rayClusterSpec"]["authOptions"]["mode"] == "token"
-    gpus = [c["resources"]["limits"].get("nvidia.com/gpu", 0)
-            for group in spec["rayClusterSpec"]["workerGroupSpecs"]
-            for c in group["template"]["spec"]["containers"]]
+    gpus = [
+        c["resources"]["limits"].get("nvidia.com/gpu", 0)
+        for group in spec["rayClusterSpec"]["workerGroupSpecs"]
+        for c in group["template"]["spec"]["containers"]
+    ]
     assert sum(gpus) > 0
     assert spec["backoffLimit"] == 0  # a retried failed job can otherwise end as succeeded
 
@@ -222,32 +225,33 @@ def test_configs_pin_one_ray_version() -> None:
 
 
 BAD_CONFIGS = {
-    "aws-dashboard": {"IpPermissions": [{"IpProtocol": "tcp", "FromPort": 8265, "ToPort": 8265,
-                                         "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]},
-    "aws-all-traffic-ipv6": {"IpPermissions": [{"IpProtocol": "-1",
-                                                "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}]},
-    "aws-range": {"IpPermissions": [{"IpProtocol": "tcp", "FromPort": 6000, "ToPort": 7000,
-                                     "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]},
-    "gcp-gcs": {"firewall": {"sourceRanges": ["0.0.0.0/0"],
-                             "allowed": [{"IPProtocol": "tcp", "ports": ["6379"]}]}},
-    "gcp-all-tcp": {"firewall": {"sourceRanges": ["0.0.0.0/0"],
-                                 "allowed": [{"IPProtocol": "tcp"}]}},
-    "k8s-loadbalancer": {"kind": "Service", "spec": {"type": "LoadBalancer",
-                                                     "ports": [{"port": 8265}]}},
+    "aws-dashboard": {"IpPermissions": [{"IpProtocol": "tcp", "FromPort": 8265, "ToPort": 8265, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]},
+    "aws-all-traffic-ipv6": {"IpPermissions": [{"IpProtocol": "-1", "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}]},
+    "aws-range": {"IpPermissions": [{"IpProtocol": "tcp", "FromPort": 6000, "ToPort": 7000, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]},
+    "gcp-gcs": {"firewall": {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "tcp", "ports": ["6379"]}]}},
+    "gcp-all-tcp": {"firewall": {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "tcp"}]}},
+    "k8s-loadbalancer": {"kind": "Service", "spec": {"type": "LoadBalancer", "ports": [{"port": 8265}]}},
     "kuberay-loadbalancer": {"headGroupSpec": {"serviceType": "LoadBalancer"}},
 }
 GOOD_CONFIGS = {
-    "aws-ssh-and-intra-group": {"IpPermissions": [
-        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
-        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-123"}]},
-        {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "10.0.0.0/16"}]}]},
-    "gcp-internal-and-ssh": {"firewall": [
-        {"sourceRanges": ["10.128.0.0/9"], "allowed": [{"IPProtocol": "all"}]},
-        {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
-        {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "icmp"}]}]},
-    "k8s-restricted-loadbalancer": {"kind": "Service", "spec": {
-        "type": "LoadBalancer", "loadBalancerSourceRanges": ["203.0.113.0/24"],
-        "ports": [{"port": 8265}]}},
+    "aws-ssh-and-intra-group": {
+        "IpPermissions": [
+            {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-123"}]},
+            {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "10.0.0.0/16"}]},
+        ]
+    },
+    "gcp-internal-and-ssh": {
+        "firewall": [
+            {"sourceRanges": ["10.128.0.0/9"], "allowed": [{"IPProtocol": "all"}]},
+            {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
+            {"sourceRanges": ["0.0.0.0/0"], "allowed": [{"IPProtocol": "icmp"}]},
+        ]
+    },
+    "k8s-restricted-loadbalancer": {
+        "kind": "Service",
+        "spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["203.0.113.0/24"], "ports": [{"port": 8265}]},
+    },
     "k8s-clusterip": {"kind": "Service", "spec": {"type": "ClusterIP", "ports": [{"port": 8265}]}},
 }
 

@@ -17,8 +17,8 @@ import raydist
 from raydist import compat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from compat_worker import CLI_ARGS, build_parser  # noqa: E402
-from core_launch import clear_launcher_vars, load_results, run_torchrun  # noqa: E402
+from compat_worker import CLI_ARGS, build_parser
+from core_launch import clear_launcher_vars, load_results, run_torchrun
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,7 +74,7 @@ def test_compat_has_seed_function_with_compatible_signature(name: str) -> None:
         if seed_default is not REQUIRED:
             assert param.default == seed_default, f"{name}({seed_name}=...) default changed"
     # Additions are fine only when a seed-style call need not pass them.
-    for extra in params[len(seed_params):]:
+    for extra in params[len(seed_params) :]:
         assert extra.default is not inspect.Parameter.empty or extra.kind in (
             inspect.Parameter.VAR_POSITIONAL,
             inspect.Parameter.VAR_KEYWORD,
@@ -118,8 +118,9 @@ def test_namespace_without_attributes_defaults_to_cuda_then_falls_back() -> None
 
 def test_namespace_gets_every_field_of_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
     # A layout where rank, local rank and world size all differ, without launching it.
-    record = raydist.DistInfo(rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1,
-                              device="cpu", backend="gloo", distributed=True)
+    record = raydist.DistInfo(
+        rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1, device="cpu", backend="gloo", distributed=True
+    )
     seen: Dict[str, Any] = {}
 
     def fake_init(**kwargs: Any) -> raydist.DistInfo:

@@ -14,7 +14,6 @@ from conftest import live_placement_groups, raydist_actors_ever_created
 
 import raydist
 
-
 # -- through the public API, on a live Ray: nothing starts ------------------
 
 

@@ -35,9 +35,7 @@ def clean_env() -> Iterator[Dict[str, str]]:
 
 
 def python(code: str, env: Dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def explain(result: subprocess.CompletedProcess) -> str:
@@ -163,7 +161,7 @@ def test_a_private_ray_starts_only_what_a_run_needs(clean_env: Dict[str, str]) -
     result = python(PRIVATE_HEAD, clean_env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("HEAD ")]
     assert len(lines) == 1, explain(result)
-    head = json.loads(lines[0][len("HEAD "):])
+    head = json.loads(lines[0][len("HEAD ") :])
     commands = "\n".join(head["processes"])
     assert "gcs_server" in commands and "raylet" in commands, commands  # it did start a Ray
     assert "autoscaler/_private/monitor.py" not in commands, commands  # nothing to scale

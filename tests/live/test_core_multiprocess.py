@@ -10,7 +10,7 @@ from typing import Dict, List
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from core_launch import load_results, run_fake_slurm, run_torchrun  # noqa: E402
+from core_launch import load_results, run_fake_slurm, run_torchrun
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from core_launch import LAUNCH_TIMEOUT_S, clean_env  # noqa: E402
+from core_launch import LAUNCH_TIMEOUT_S, clean_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,12 +95,10 @@ CHILD = textwrap.dedent(
 
 
 def test_core_without_ray() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], env=clean_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
-    )
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=clean_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
-    report = json.loads(line[len("REPORT "):])
+    report = json.loads(line[len("REPORT ") :])
 
     assert report["ray_hidden"] is True  # the finder works, so the rest means something
     assert report["record"] == [0, 1, False, "cpu", None]

@@ -16,7 +16,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -92,7 +91,7 @@ def check_epochs(per_rank: List[List[EpochRows]], rows: int, batch_size: int, dr
         counts = [ranks[epoch][0] for ranks in per_rank]
         assert len(set(counts)) == 1, f"epoch {epoch}: batch counts by rank {counts}"
         seen: List[int] = []
-        for count, ids, sizes in (ranks[epoch] for ranks in per_rank):
+        for _count, ids, sizes in (ranks[epoch] for ranks in per_rank):
             assert all(size == batch_size for size in sizes[:-1]), sizes
             assert not sizes or (sizes[-1] == batch_size if drop_last else 0 < sizes[-1] <= batch_size)
             seen += ids
@@ -122,7 +121,9 @@ def test_random_layouts_give_equal_batches_disjoint_full_epochs() -> None:
                 try:
                     check_epochs([ranks[index] for ranks in per_rank], rows, size, drop_last)
                 except AssertionError as error:
-                    raise AssertionError(f"layout {layout}: {rows} rows, batch {size}, buffer {buffer}, drop_last {drop_last}, {fmt}") from error
+                    raise AssertionError(
+                        f"layout {layout}: {rows} rows, batch {size}, buffer {buffer}, drop_last {drop_last}, {fmt}"
+                    ) from error
         assert live_data_actors() == []  # each call's split went with it
     assert_all_gone()
 
@@ -137,7 +138,9 @@ def read_two(batch_size: int) -> Dict[str, List[int]]:
 def test_every_row_split_and_a_dataset_given_whole() -> None:
     config = raydist.DataConfig(datasets_to_split=["train"], equal=False)
     results = raydist.run(
-        read_two, args=(8,), num_workers=3,
+        read_two,
+        args=(8,),
+        num_workers=3,
         datasets={"train": ray.data.range(101, override_num_blocks=4), "eval": ray.data.range(20)},
         dataset_config=config,
     )
@@ -187,7 +190,11 @@ def dies_in_epoch_zero(batch_size: int) -> List[EpochRows]:
 def test_a_reader_killed_mid_epoch_restarts_on_a_fresh_split() -> None:
     # The group's timeout would fail the run if a survivor waited in the split's barrier for the dead reader.
     per_rank = raydist.run(
-        dies_in_epoch_zero, args=(10,), num_workers=3, max_restarts=1, timeout=120,
+        dies_in_epoch_zero,
+        args=(10,),
+        num_workers=3,
+        max_restarts=1,
+        timeout=120,
         datasets={"train": ray.data.range(300, override_num_blocks=6)},
     )
     check_epochs(per_rank, 300, 10, False)
@@ -220,7 +227,10 @@ def test_split_dataset_in_a_raydist_run_script(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "-m", "raydist", "run", "-n", "2", "--address", ray_address(), str(script), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]

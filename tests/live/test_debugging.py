@@ -91,8 +91,12 @@ def test_a_second_rank_waits_its_turn_and_says_so() -> None:
 
 def test_without_a_terminal_raydist_debug_attaches_from_another_shell() -> None:
     run = subprocess.Popen(
-        _raydist_run(str(SCRIPTS / "breakpoint_rank1.py")), env=_env(), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        _raydist_run(str(SCRIPTS / "breakpoint_rank1.py")),
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + START_S
@@ -103,7 +107,9 @@ def test_without_a_terminal_raydist_debug_attaches_from_another_shell() -> None:
             if "raydist debug --rank 1" in line or time.monotonic() > deadline:
                 break
         assert any("raydist debug --rank 1" in line for line in seen), "".join(seen)
-        listed = subprocess.run([sys.executable, "-m", "raydist", "debug", "--list"], env=_env(), capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            [sys.executable, "-m", "raydist", "debug", "--list"], env=_env(), capture_output=True, text=True, timeout=60
+        )
         assert "rank 1: breakpoint() in breakpoint_rank1.py" in listed.stdout, listed.stdout + listed.stderr
         child = pexpect.spawn(sys.executable, ["-m", "raydist", "debug", "--rank", "1"], env=_env(), encoding="utf-8", timeout=60)
         _debug_rank_one(child)

@@ -56,6 +56,7 @@ def test_a_dead_rank_is_reported_with_its_cause_and_last_stderr_lines(how: str, 
 
 def rank_one_stuck_in_python() -> None:
     if dist.get_rank() == 1:
+
         def waiting_for_a_file_that_never_comes() -> None:
             threading.Event().wait()
 
@@ -72,7 +73,9 @@ def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
     stacks = caught.value.stacks
     assert "rank 0: in barrier" in stacks, stacks
     rank_one = stacks.split("rank 1:")[1]
-    assert rank_one.startswith(" in wait at threading.py") and "from waiting_for_a_file_that_never_comes at test_diagnostics.py" in rank_one, stacks
+    assert (
+        rank_one.startswith(" in wait at threading.py") and "from waiting_for_a_file_that_never_comes at test_diagnostics.py" in rank_one
+    ), stacks
     assert "<-- differs" in rank_one and "<-- differs" not in stacks.split("rank 1:")[0], stacks
     assert "rank 0: in barrier" in str(caught.value)
     assert_nothing_left()

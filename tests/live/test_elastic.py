@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import ray
@@ -81,9 +81,18 @@ def wait_until_idle(timeout: float = 30) -> None:
 def drain(cluster: Any, node_id: str, deadline_s: int) -> None:
     """What a spot preemption does to a node: ``ray drain-node`` with a deadline."""
     command = [
-        str(BIN / "ray"), "drain-node", "--address", cluster.address, "--node-id", node_id,
-        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
-        "--deadline-remaining-seconds", str(deadline_s),
+        str(BIN / "ray"),
+        "drain-node",
+        "--address",
+        cluster.address,
+        "--node-id",
+        node_id,
+        "--reason",
+        "DRAIN_NODE_REASON_PREEMPTION",
+        "--reason-message",
+        "spot reclaim",
+        "--deadline-remaining-seconds",
+        str(deadline_s),
     ]
     subprocess.run(command, check=True, capture_output=True, timeout=60)
 
@@ -177,6 +186,7 @@ def preemptible(marker_dir: str) -> Dict[str, Any]:
     """Like ``where``, but a first-attempt rank that gets SIGTERM records what
     raydist.preemption_requested() said, as a checkpointing handler would."""
     if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0:
+
         def on_sigterm(signum: int, frame: Any) -> None:
             Path(marker_dir, f"preempted-{dist.get_rank()}.json").write_text(
                 json.dumps({"deadline": raydist.preemption_requested(), "at": time.time()})
@@ -235,9 +245,26 @@ def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path) -> None:
     for nnodes, expected in (("1:3", 2 * alive), ("2", 4)):
         wait_until_idle()
         result = subprocess.run(
-            [sys.executable, "-m", "raydist", "run", "--address", cluster.address, "--nnodes", nnodes, "-n", "2",
-             "--accelerator", "cpu", str(script)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+            [
+                sys.executable,
+                "-m",
+                "raydist",
+                "run",
+                "--address",
+                cluster.address,
+                "--nnodes",
+                nnodes,
+                "-n",
+                "2",
+                "--accelerator",
+                "cpu",
+                str(script),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count(f"world {expected} restart 0") == expected, result.stdout + result.stderr

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -33,12 +33,25 @@ pytestmark = pytest.mark.nodes(NODE, NODE, NODE)  # for the tests that take the 
 STEPS, EVERY = 30, 5
 PREFIX = r"^(?:\(rank=0 pid=\d+\) )?"  # raydist prefixes each line with its rank
 FINAL = re.compile(PREFIX + r"final: step (\d+) world (\d+) loss ([0-9.]+)$", re.M)
-RESUMED = re.compile(PREFIX + r"resumed from checkpoint at step (\d+) \(written by world size (\d+)\), world size (\d+) \(restart (\d+)\)$", re.M)
+RESUMED = re.compile(
+    PREFIX + r"resumed from checkpoint at step (\d+) \(written by world size (\d+)\), world size (\d+) \(restart (\d+)\)$", re.M
+)
 
 
 def example_args(checkpoint_dir: Path, step_delay: float = 0.0) -> list:
-    return [str(EXAMPLE), "--checkpoint-dir", str(checkpoint_dir), "--steps", str(STEPS),
-            "--checkpoint-every", str(EVERY), "--device", "cpu", "--step-delay", str(step_delay)]
+    return [
+        str(EXAMPLE),
+        "--checkpoint-dir",
+        str(checkpoint_dir),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--device",
+        "cpu",
+        "--step-delay",
+        str(step_delay),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +63,16 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     hidden = tmp / "hide"
     hidden.mkdir()
     marker = tmp / "raydist-import-attempts"
-    (hidden / "raydist.py").write_text(
-        f"open({str(marker)!r}, 'a').write('x')\nraise ImportError('raydist hidden by the test')\n"
-    )
+    (hidden / "raydist.py").write_text(f"open({str(marker)!r}, 'a').write('x')\nraise ImportError('raydist hidden by the test')\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hidden), env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         *example_args(tmp / "checkpoints")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=90,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *example_args(tmp / "checkpoints")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     return {"result": result, "marker": marker, "checkpoints": tmp / "checkpoints"}
 
@@ -90,10 +104,23 @@ def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, 
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), RAYDIST_PREEMPTION_FILE=str(note))
-    process = subprocess.Popen([sys.executable, *example_args(checkpoints, step_delay=0.2)], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RAYDIST_PREEMPTION_FILE=str(note),
+    )
+    process = subprocess.Popen(
+        [sys.executable, *example_args(checkpoints, step_delay=0.2)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 40
         while not (checkpoints / "checkpoint.pt").exists():  # training is under way
@@ -111,8 +138,7 @@ def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, 
             process.kill()
             process.communicate()
     assert process.returncode == 143, stdout + stderr
-    warned = re.search(r"^preemption warning(?: \(node leaves in (\d+) s\))?: checkpoint at step (\d+) saved, exiting$",
-                       stdout, re.M)
+    warned = re.search(r"^preemption warning(?: \(node leaves in (\d+) s\))?: checkpoint at step (\d+) saved, exiting$", stdout, re.M)
     assert warned, stdout + stderr
     step = int(warned.group(2))
     assert EVERY < step < STEPS and "final:" not in stdout
@@ -125,13 +151,26 @@ def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, 
 
 
 @pytest.mark.timeout(150)
-def test_losing_a_node_resumes_from_the_checkpoint_on_fewer_workers(
-    cluster: Any, torchrun_run: Dict[str, Any], tmp_path: Path
-) -> None:
+def test_losing_a_node_resumes_from_the_checkpoint_on_fewer_workers(cluster: Any, torchrun_run: Dict[str, Any], tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "raydist", "run", "--address", cluster.address, "--nnodes", "1:3", "-n", "2",
-               "--accelerator", "cpu", "--max-restarts", "1", *example_args(checkpoints, step_delay=0.25)]
+    command = [
+        sys.executable,
+        "-m",
+        "raydist",
+        "run",
+        "--address",
+        cluster.address,
+        "--nnodes",
+        "1:3",
+        "-n",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--max-restarts",
+        "1",
+        *example_args(checkpoints, step_delay=0.25),
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

@@ -200,7 +200,11 @@ def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> N
     address = ray.get_runtime_context().gcs_address
     driver = subprocess.Popen(
         [sys.executable, "-m", "raydist", "run", "--address", address, "-n", "2", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=ignore_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        preexec_fn=ignore_sigint,
     )
     try:
         wait_for_line(driver, "worker ready", ready)
@@ -221,7 +225,11 @@ def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> N
 def test_ctrl_c_in_a_python_driver_kills_every_worker() -> None:
     driver = subprocess.Popen(
         [sys.executable, "-c", INTERRUPTED_DRIVER, ray.get_runtime_context().gcs_address],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=default_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        preexec_fn=default_sigint,
     )
     try:
         wait_for_line(driver, "worker ready")
@@ -290,7 +298,9 @@ def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(mon
     assert_nothing_left()
 
 
-def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import ray.experimental.internal_kv as internal_kv
 
     from raydist.pool.cluster import ray_private
@@ -312,8 +322,7 @@ def test_start_up_timeout_names_the_stage_and_who_is_still_starting() -> None:
 
     error = WorkerStartupTimeout(30.0, "initialised", 4, ["rank 2 (node 0123456789ab, 10.0.0.2)"])
     assert str(error) == (
-        "start-up timed out: 3 of 4 workers initialised after 30 s; "
-        "rank 2 (node 0123456789ab, 10.0.0.2) still initialising"
+        "start-up timed out: 3 of 4 workers initialised after 30 s; rank 2 (node 0123456789ab, 10.0.0.2) still initialising"
     )
     assert isinstance(error, TimeoutError) and not isinstance(error, WorkerGroupTimeout)
 

@@ -18,8 +18,14 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_local")]
 
 TORCHRUN_VARS = list(
     torchrun_env(
-        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
-        master_addr="x", master_port=1,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="x",
+        master_port=1,
     )
 )
 

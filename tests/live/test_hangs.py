@@ -104,9 +104,25 @@ def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "4", "--resources-per-worker", '{"CPU": 0.5}',
-         "--timeout", "10", str(script)],
-        env=env, capture_output=True, text=True, timeout=200,
+        [
+            sys.executable,
+            "-m",
+            "raydist",
+            "run",
+            "--address",
+            ray_address(),
+            "-n",
+            "4",
+            "--resources-per-worker",
+            '{"CPU": 0.5}',
+            "--timeout",
+            "10",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
     assert done.returncode == 1
     assert SKIPPED in done.stderr, done.stderr[-3000:]

@@ -17,8 +17,8 @@ import torch
 from conftest import REPO, assert_nothing_left, repeats
 
 import raydist
-from raydist.backends.horovod.worker import interface_for_ip
 from raydist.backends.horovod.driver import HorovodRendezvous
+from raydist.backends.horovod.worker import interface_for_ip
 from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.layout import assign_ranks
 
@@ -96,18 +96,13 @@ def test_horovod_reinit_200_times_without_a_failed_rendezvous(num_workers: int, 
     # With horovod's stock handler a stale local_<host> scope makes some init
     # connect to a peer's previous address; here every init must succeed.
     iterations = repeat
-    results = raydist.run(
-        reinit_and_allreduce, args=(iterations,), num_workers=num_workers, backend="horovod", timeout=240
-    )
+    results = raydist.run(reinit_and_allreduce, args=(iterations,), num_workers=num_workers, backend="horovod", timeout=240)
     expected = [num_workers * (num_workers + 1) / 2 + num_workers * i for i in range(iterations)]
     assert results == [expected] * num_workers
 
 
 def one_node_workers(count: int) -> List[WorkerInfo]:
-    placements = [
-        Placement(index=i, node_id="node-a", node_ip="127.0.0.1", pid=0, accelerator_ids=(), free_port=0)
-        for i in range(count)
-    ]
+    placements = [Placement(index=i, node_id="node-a", node_ip="127.0.0.1", pid=0, accelerator_ids=(), free_port=0) for i in range(count)]
     return assign_ranks(placements, "node-a")
 
 
@@ -144,9 +139,7 @@ def test_rendezvous_listens_on_the_driver_ip_only(rendezvous: HorovodRendezvous)
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("stock", [False, True], ids=["raydist-handler", "stock-handler"])
-def test_a_finished_scope_does_not_reset_another_scopes_progress(
-    stock: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_finished_scope_does_not_reset_another_scopes_progress(stock: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # The order that breaks horovod's handler, replayed request by request:
     # rank 0 leaves local_<host> and then its one-rank cross_0 before rank 1
     # leaves local_<host>.
@@ -173,7 +166,10 @@ def test_a_finished_scope_does_not_reset_another_scopes_progress(
 def test_horovod_example_trains() -> None:
     completed = subprocess.run(
         [sys.executable, "examples/horovod_raydist.py", "--num-workers", "2", "--steps", "10"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "final loss" in completed.stdout
@@ -190,4 +186,3 @@ def test_two_node_layout_matches_horovod_local_and_cross_ranks() -> None:
         node_of[rank] = info.node_rank
     assert sorted(node_of.values()) == [0, 0, 1, 1]
     assert results[0]["sum"] == 10.0
-

@@ -21,7 +21,7 @@ from raydist.core.devices import accelerator_type
 from raydist.core.initialize import DistInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from core_launch import clear_launcher_vars  # noqa: E402
+from core_launch import clear_launcher_vars
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,8 +51,15 @@ def no_warnings() -> Iterator[None]:
 def test_no_launcher_is_world_one_without_process_group() -> None:
     info = raydist.init_distributed(device="cpu")
     assert info == DistInfo(
-        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-        device="cpu", backend=None, distributed=False, horovod=False,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        device="cpu",
+        backend=None,
+        distributed=False,
+        horovod=False,
     )
     assert not dist.is_initialized()
     assert raydist.get_context() is info
@@ -300,8 +307,15 @@ def fake_horovod(monkeypatch: pytest.MonkeyPatch) -> FakeHorovod:
 def test_horovod_record_and_collectives(fake_horovod: FakeHorovod) -> None:
     info = raydist.init_distributed(device="cpu", horovod=True)
     assert info == DistInfo(
-        rank=1, local_rank=1, world_size=4, local_world_size=2, node_rank=0,
-        device="cpu", backend="horovod", distributed=True, horovod=True,
+        rank=1,
+        local_rank=1,
+        world_size=4,
+        local_world_size=2,
+        node_rank=0,
+        device="cpu",
+        backend="horovod",
+        distributed=True,
+        horovod=True,
     )
     assert not dist.is_initialized()  # horovod, not torch.distributed
 

@@ -80,8 +80,14 @@ def interrupt_at(script: Path, temp_dir: Path, moment: float) -> None:
     env = {**os.environ, "RAY_TMPDIR": str(temp_dir), "PYTHONFAULTHANDLER": "1"}
     driver = subprocess.Popen(
         [sys.executable, "-m", "raydist", "run", "--standalone", "-n", "2", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-        cwd=REPO, env=env, preexec_fn=ignore_sigint, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        env=env,
+        preexec_fn=ignore_sigint,
+        start_new_session=True,
     )
     seen: Set[int] = set()
     try:

@@ -78,7 +78,10 @@ ray.shutdown()
 def test_rays_paragraph_about_a_reported_death_is_not_printed() -> None:
     result = subprocess.run(
         [sys.executable, "-c", CRASHING_DRIVER, ray.get_runtime_context().gcs_address],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert "REPORTED exited with status 3" in result.stdout, result.stdout + result.stderr
     assert "A worker died or was killed" not in result.stdout + result.stderr

@@ -17,7 +17,6 @@ from typing import Dict
 import pytest
 from test_cli import REPO, cli_env, explain, ray_tmpdir  # noqa: F401 - fixtures
 
-
 DRIVER = textwrap.dedent(
     """
     import sys, ray, raydist

@@ -31,8 +31,16 @@ HEAD = {"num_cpus": 4, "labels": {"zone": "a"}}
 NODES = [{"num_cpus": 4, "labels": {"zone": "a"}}, {"num_cpus": 4, "labels": {"zone": "b"}}]
 pytestmark = [pytest.mark.timeout(600), pytest.mark.nodes(HEAD, *NODES)]
 QUICK_FAIL_S = 10.0
-ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT")
+ENV_KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 
 SCRIPT = """\
 import json, os, sys
@@ -63,7 +71,9 @@ def check_layout(ranks: List[Dict[str, Any]], nodes: int, per_node: int) -> List
         group_rank, local_rank = divmod(rank, per_node)
         assert (int(info["RANK"]), int(info["GROUP_RANK"]), int(info["LOCAL_RANK"])) == (rank, group_rank, local_rank), info
         assert (int(info["WORLD_SIZE"]), int(info["LOCAL_WORLD_SIZE"]), int(info["GROUP_WORLD_SIZE"])) == (
-            nodes * per_node, per_node, nodes,
+            nodes * per_node,
+            per_node,
+            nodes,
         ), info
         if local_rank == 0:
             order.append(info["node_id"])
@@ -120,9 +130,7 @@ def run_cli(argv: List[str], capfd: pytest.CaptureFixture) -> Dict[str, Any]:
 
 @pytest.mark.timeout(1200)
 @repeats(2, 20)  # quick: a second run shows the first left the nodes as it found them
-def test_two_nodes_of_three_through_the_cli_every_time(
-    cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture, repeat: int
-) -> None:
+def test_two_nodes_of_three_through_the_cli_every_time(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture, repeat: int) -> None:
     script = tmp_path / "layout.py"
     script.write_text(SCRIPT)
     start = time.monotonic()
@@ -157,7 +165,9 @@ def test_a_label_selector_is_honoured(cluster: Any) -> None:
     ids = node_ids(cluster)
     ranks = raydist.run(seen, num_nodes=2, workers_per_node=3, accelerator="cpu", label_selector={"zone": "a"})
     assert set(check_layout(ranks, 2, 3)) == {ids["head"], ids["a"]}
-    ranks = raydist.run(seen, num_nodes=2, workers_per_node=2, accelerator="cpu", label_selector="zone=in(b, a),zone2=!x", startup_timeout=60)
+    ranks = raydist.run(
+        seen, num_nodes=2, workers_per_node=2, accelerator="cpu", label_selector="zone=in(b, a),zone2=!x", startup_timeout=60
+    )
     check_layout(ranks, 2, 2)
     packed = raydist.run(seen, num_workers=4, accelerator="cpu", label_selector={"zone": "!a"})  # without --nnodes
     assert {r["node_id"] for r in packed} == {ids["b"]}
@@ -208,7 +218,12 @@ def test_losing_a_node_shrinks_by_whole_nodes(cluster: Any, tmp_path: Path) -> N
     def target() -> None:
         try:
             outcome["ranks"] = raydist.run(
-                seen, args=(str(tmp_path),), num_nodes=(2, 3), workers_per_node=2, accelerator="cpu", max_restarts=1,
+                seen,
+                args=(str(tmp_path),),
+                num_nodes=(2, 3),
+                workers_per_node=2,
+                accelerator="cpu",
+                max_restarts=1,
             )
         except BaseException as error:  # noqa: BLE001 - handed to the test
             outcome["error"] = error

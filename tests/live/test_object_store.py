@@ -8,7 +8,6 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-
 from conftest import ray_address, use_local_ray
 
 import raydist

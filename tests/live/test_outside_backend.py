@@ -26,8 +26,7 @@ class TaggedBackend(TorchDistributedBackend):
     """torch.distributed over gloo under another name; checks that the
     driver's hooks reached this rank before it joins."""
 
-    def __init__(self, backend: Optional[str] = None, dist_url: Optional[str] = None,
-                 timeout: Optional[datetime.timedelta] = None) -> None:
+    def __init__(self, backend: Optional[str] = None, dist_url: Optional[str] = None, timeout: Optional[datetime.timedelta] = None) -> None:
         super().__init__("gloo", dist_url, timeout)
 
     def init(self, device_type: str) -> WorldInfo:
@@ -104,7 +103,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_an_installed_plugin_backend_runs_through_raydist_run_cli(tmp_path: Path, cli_env: Dict[str, str]) -> None:
+def test_an_installed_plugin_backend_runs_through_raydist_run_cli(tmp_path: Path, cli_env: Dict[str, str]) -> None:  # noqa: F811 - the imported fixture
     # An installed distribution that declares the backend, as `pip install` would leave it.
     dist_info = tmp_path / "site" / "tagged_backend-1.0.dist-info"
     dist_info.mkdir(parents=True)

@@ -26,14 +26,20 @@ def raydist_run(*args: str) -> subprocess.CompletedProcess:
     address = ray.get_runtime_context().gcs_address
     return subprocess.run(
         [sys.executable, "-m", "raydist", "run", "--address", address, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
 
 
@@ -95,15 +101,22 @@ def _normalised(text: str) -> str:
 def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
     at_exit = subprocess.run([sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=60)
     recorded = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             from raydist.pool.worker import exit_hooks
             exit_hooks.install_recorder()
             exec(compile(open(0).read(), "<string>", "exec"))
             exit_hooks.run_recorded()
             print("after the script")
             exit_hooks.run_recorded()  # nothing twice
-        """)],
-        input=HANDLERS, capture_output=True, text=True, timeout=60,
+        """),
+        ],
+        input=HANDLERS,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert at_exit.stdout == "last ran\nfirst ran\n"
     assert recorded.stdout == "last ran\nfirst ran\nafter the script\n"  # and not again at the real exit

@@ -30,7 +30,11 @@ def start_run(*args: str) -> "subprocess.Popen[str]":
     address = ray.get_runtime_context().gcs_address
     return subprocess.Popen(
         [sys.executable, "-m", "raydist", "run", "--address", address, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=ignore_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        preexec_fn=ignore_sigint,
     )
 
 
@@ -70,7 +74,9 @@ def test_sigterm_reaches_every_rank_then_the_workers_stop(tmp_path: Path) -> Non
 
 def test_the_wait_after_forwarding_is_bounded_by_shutdown_timeout(tmp_path: Path) -> None:
     # The ranks ignore SIGUSR1: they are killed once --shutdown-timeout has passed.
-    driver = start_run("-n", "2", "--shutdown-timeout", "2", "--signals-to-handle", "SIGUSR1", str(SCRIPTS / "signal_handlers.py"), str(tmp_path))
+    driver = start_run(
+        "-n", "2", "--shutdown-timeout", "2", "--signals-to-handle", "SIGUSR1", str(SCRIPTS / "signal_handlers.py"), str(tmp_path)
+    )
     output, elapsed = signal_when_ready(driver, signal.SIGUSR1)  # handled (and forwarded) only because it was asked for
     assert driver.returncode == 1, output
     assert "got SIGUSR1" in output

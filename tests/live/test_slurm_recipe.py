@@ -43,8 +43,10 @@ def private_pid_namespace() -> List[str]:
     for prefix in (["unshare", "--pid", "--fork", "--mount-proc"], ["unshare", "-r", "--pid", "--fork", "--mount-proc"]):
         if shutil.which("unshare") and subprocess.run([*prefix, "true"], capture_output=True, check=False).returncode == 0:
             return prefix
-    pytest.skip("needs a private PID namespace (unshare): `ray symmetric-run` ends with `ray stop`, "
-                "which would stop every other Ray on this machine")
+    pytest.skip(
+        "needs a private PID namespace (unshare): `ray symmetric-run` ends with `ray stop`, "
+        "which would stop every other Ray on this machine"
+    )
 
 
 def free_port() -> int:
@@ -70,15 +72,22 @@ def test_the_scripts_exit_status_is_the_jobs(tmp_path: Path, status: int) -> Non
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")},
         "PATH": os.pathsep.join([str(tmp_path), str(BIN), os.environ["PATH"]]),
-        "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "localhost",
-        "RAY_HEAD_IP": "127.0.0.1", "RAY_PORT": str(free_port()),
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "localhost",
+        "RAY_HEAD_IP": "127.0.0.1",
+        "RAY_PORT": str(free_port()),
         "RAY_START_ARGS": f"--num-cpus=1 --include-dashboard=false --temp-dir={ray_dir}",
         "RAYDIST_ARGS": "--accelerator cpu",
     }
     try:
         result = subprocess.run(
             [*prefix, "bash", str(RECIPE), str(script), str(status)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
         )
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -20,10 +20,10 @@ from typing import Any, Dict, List
 import pytest
 import ray
 import torch
-
-import raydist
 from conftest import REPO, assert_nothing_left, use_local_ray, wait_for
 from state_ddp import train
+
+import raydist
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -90,9 +90,31 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
 def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, Any]], mode: str, tmp_path: Path) -> None:
     out = tmp_path / "rank0.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "raydist", "run", "--address", ray.get_runtime_context().gcs_address, "-n", "4",
-         "--max-restarts", "1", "--restart-mode", mode, str(SCRIPT), "--steps", str(STEPS), "--crash-at", str(CRASH_AT), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "raydist",
+            "run",
+            "--address",
+            ray.get_runtime_context().gcs_address,
+            "-n",
+            "4",
+            "--max-restarts",
+            "1",
+            "--restart-mode",
+            mode,
+            str(SCRIPT),
+            "--steps",
+            str(STEPS),
+            "--crash-at",
+            str(CRASH_AT),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0 = torch.load(out, weights_only=False)
@@ -105,9 +127,28 @@ def test_torchrun_with_a_state_dir_saves_and_resumes(reference: List[Dict[str, A
     out = tmp_path / "rank0.pt"
     env = {**os.environ, "RAYDIST_STATE_DIR": str(tmp_path / "state")}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "1",
-         str(SCRIPT), "--steps", str(STEPS), "--crash-at", str(CRASH_AT), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "--max-restarts",
+            "1",
+            str(SCRIPT),
+            "--steps",
+            str(STEPS),
+            "--crash-at",
+            str(CRASH_AT),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0 = torch.load(out, weights_only=False)
@@ -182,8 +223,12 @@ def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], clus
     def target() -> None:
         try:
             outcome["results"] = raydist.run(
-                train, args=(STEPS, CRASH_AT), kwargs={"block_ranks": [2, 3], "marks": str(tmp_path)},
-                num_workers=4, max_restarts=1, placement_strategy="SPREAD",
+                train,
+                args=(STEPS, CRASH_AT),
+                kwargs={"block_ranks": [2, 3], "marks": str(tmp_path)},
+                num_workers=4,
+                max_restarts=1,
+                placement_strategy="SPREAD",
             )
         except BaseException as error:  # noqa: BLE001 - handed to the test
             outcome["error"] = error

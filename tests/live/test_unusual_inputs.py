@@ -12,8 +12,8 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +36,10 @@ def raydist_run(*args: str) -> subprocess.CompletedProcess:
     address = ray.get_runtime_context().gcs_address
     return subprocess.run(
         [sys.executable, "-m", "raydist", "run", "--address", address, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
 
 
@@ -91,12 +94,14 @@ def test_two_threads_making_the_first_run_share_one_ray_that_outlives_them() -> 
     env = dict(os.environ, RAY_TMPDIR=ray_tmp)
     env.pop("RAY_ADDRESS", None)
     try:
-        result = subprocess.run([sys.executable, "-c", CONCURRENT_FIRST_CALLS], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        result = subprocess.run(
+            [sys.executable, "-c", CONCURRENT_FIRST_CALLS], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    outcome = json.loads(line[len("RESULT "):])
+    outcome = json.loads(line[len("RESULT ") :])
     assert outcome["errors"] == [], line
     assert len(outcome["found"]) == 3 and len(set(outcome["found"])) == 1, line  # all ran on the same Ray
     assert "Token authentication is enabled" not in result.stderr  # Ray's notice is not the user's business
@@ -156,7 +161,10 @@ threading.Event().wait()  # the driver lives on, as a notebook kernel does
 def test_an_interrupt_during_shutdown_leaves_nothing() -> None:
     driver = subprocess.Popen(
         [sys.executable, "-c", INTERRUPTED_SHUTDOWN, ray.get_runtime_context().gcs_address],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
@@ -276,7 +284,7 @@ WORKER_ONLY_MODULE = "class Payload:\n    pass\n"
 def worker_only_value(directory: str) -> Any:
     """A value of a class importable only on the worker (its module is on the worker's path only)."""
     sys.path.insert(0, directory)
-    import raydist_worker_only  # noqa: PLC0415 - created for this test, on this worker's path only
+    import raydist_worker_only
 
     return raydist_worker_only.Payload()
 

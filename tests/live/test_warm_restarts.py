@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import ray
@@ -49,8 +49,12 @@ def crash_rank(rank: int, marker: Optional[str] = None) -> Dict[str, Any]:
             dist.all_reduce(torch.ones(1))
     dist.all_reduce(torch.ones(1))
     return {
-        "rank": me, "pid": os.getpid(), "world": dist.get_world_size(), "attempt": attempt(),
-        "node_id": ray.get_runtime_context().get_node_id(), "master_port": os.environ["MASTER_PORT"],
+        "rank": me,
+        "pid": os.getpid(),
+        "world": dist.get_world_size(),
+        "attempt": attempt(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "master_port": os.environ["MASTER_PORT"],
         "env_rank": os.environ["RANK"],
     }
 
@@ -234,9 +238,27 @@ def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run(
-        [sys.executable, "-m", "raydist", "run", "--address", ray_address(), "-n", "2", "--accelerator", "cpu",
-         "--max-restarts", "1", *flags, str(script)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "raydist",
+            "run",
+            "--address",
+            ray_address(),
+            "-n",
+            "2",
+            "--accelerator",
+            "cpu",
+            "--max-restarts",
+            "1",
+            *flags,
+            str(script),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     seen: Dict[int, Dict[int, int]] = {}
@@ -308,4 +330,3 @@ def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster:
     assert {r["pid"] for r in results} <= first  # the same processes, none new
     assert results[0]["node_id"] == head  # the driver's node stays first
     assert_nothing_left(within=30)  # a restart tears the old world down in the background
-

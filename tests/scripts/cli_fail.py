@@ -17,7 +17,7 @@ if ranks is None or rank in ranks:
     if mode == "raise":
         raise ValueError(f"deliberate failure on rank {rank}")
     if mode.startswith("exit-"):
-        sys.exit(int(mode[len("exit-"):]))
+        sys.exit(int(mode[len("exit-") :]))
     if mode == "hang":
         time.sleep(600)
 dist.barrier()  # the healthy ranks wait here for the failing one

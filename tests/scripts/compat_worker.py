@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Dict
 
 import torch
-
 from core_launch import write_result
+
 from raydist import compat as distributed
 
 

@@ -77,9 +77,7 @@ def run_torchrun(script: str, nproc: int, outdir: Path) -> None:
         str(SCRIPTS / script),
         str(outdir),
     ]
-    proc = subprocess.run(
-        cmd, env=clean_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
-    )
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{_report(proc.stdout + proc.stderr)}"
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Dict
 
 import torch.distributed as dist
+from core_launch import write_result
 
 import raydist
-from core_launch import write_result
 from raydist.core.environment import read_world_info
 
 

@@ -151,9 +151,7 @@ class HorovodHooks:
 
     def start(self, workers: Sequence[WorkerInfo]) -> List[Dict[str, str]]:
         self._rendezvous = HorovodRendezvous(workers)
-        return [
-            {**env, NODE_IP_VAR: worker.node_ip} for env, worker in zip(self._rendezvous.worker_envs(), workers)
-        ]
+        return [{**env, NODE_IP_VAR: worker.node_ip} for env, worker in zip(self._rendezvous.worker_envs(), workers)]
 
     def stop(self) -> None:
         rendezvous, self._rendezvous = self._rendezvous, None

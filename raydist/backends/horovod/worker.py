@@ -17,6 +17,7 @@ import torch
 from raydist.backends.horovod import INSTALL_HINT
 from raydist.core.backend import Backend
 from raydist.core.environment import WorldInfo
+
 # raydist's driver gives each horovod worker its node's IP here; horovod's
 # gloo binds to a network interface, so the worker looks up the one holding it.
 NODE_IP_VAR = "RAYDIST_HOROVOD_NODE_IP"
@@ -101,7 +102,7 @@ class HorovodBackend(Backend):
         data = memoryview(received.numpy())
         pieces, start = [], 0
         for count in counts.tolist():
-            pieces.append(data[start:start + count])
+            pieces.append(data[start : start + count])
             start += count
         return pieces
 

@@ -52,7 +52,9 @@ def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, i
             size = max_size if min_size == max_size else elastic_size(min_size, max_size, room_for(request))
             if size is not None:
                 pg = placement_group(
-                    [dict(bundle)] * size, strategy=request.strategy, name=f"raydist-{uuid.uuid4().hex[:12]}",
+                    [dict(bundle)] * size,
+                    strategy=request.strategy,
+                    name=f"raydist-{uuid.uuid4().hex[:12]}",
                     bundle_label_selector=[dict(selector)] * size if selector else None,
                 )
                 # An elastic size was right a moment ago; if others took the room meanwhile, look again.

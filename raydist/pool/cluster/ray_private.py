@@ -8,8 +8,8 @@ changing behaviour.
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 from typing import Any, Callable, Dict, List, Set
 
 import psutil
@@ -80,11 +80,15 @@ def wrap_worker_output_printer(wrap: Callable[[Callable[[Dict[str, Any]], None]]
                     dispatcher.handlers[index] = (name, wrap(handler))
                     return True
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
-        warn_once("printer", f"cannot follow worker output ({type(error).__name__}: {error}); "
-                  "the last lines of a run may print after it ends")
+        warn_once(
+            "printer", f"cannot follow worker output ({type(error).__name__}: {error}); the last lines of a run may print after it ends"
+        )
         return False
-    warn_once("printer", "no worker-output printer to follow (ray.init(log_to_driver=False), or Ray Client); "
-              "worker lines are not followed: no per-rank log files, and the last lines of a call may print after it returns")
+    warn_once(
+        "printer",
+        "no worker-output printer to follow (ray.init(log_to_driver=False), or Ray Client); "
+        "worker lines are not followed: no per-rank log files, and the last lines of a call may print after it returns",
+    )
     return False
 
 
@@ -98,8 +102,7 @@ def drop_pickled_reference(ref: ray.ObjectRef) -> None:
     try:
         ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)  # type: ignore[attr-defined]
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
-        warn_once("unpin", f"cannot release large objects early ({type(error).__name__}: {error}); "
-                  "they are freed when the worker exits")
+        warn_once("unpin", f"cannot release large objects early ({type(error).__name__}: {error}); they are freed when the worker exits")
 
 
 def probe_gcs(address: str) -> None:

@@ -15,8 +15,7 @@ def check_call(fn: Callable[..., Any], args: Any, kwargs: Any) -> Tuple[Tuple[An
         raise TypeError(f"fn {getattr(fn, '__name__', fn)!r} is an async function; pass a plain function")
     if inspect.isgeneratorfunction(fn):
         raise TypeError(
-            f"fn {getattr(fn, '__name__', fn)!r} is a generator function; its values would never "
-            "run on the workers: return a list instead"
+            f"fn {getattr(fn, '__name__', fn)!r} is a generator function; its values would never run on the workers: return a list instead"
         )
     if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple or list of positional arguments, not {type(args).__name__} {args!r}")

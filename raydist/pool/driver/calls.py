@@ -47,7 +47,7 @@ def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optio
         for name, part in parts:
             try:
                 ray.cloudpickle.dumps(part)
-            except Exception as part_error:
+            except Exception as part_error:  # noqa: BLE001 - any pickling failure names the part
                 raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
 
@@ -69,7 +69,12 @@ class WorkerFuture:
     ``timeout`` option is what tears a call down."""
 
     def __init__(
-        self, hooks: CallHooks, world: World, refs: List[ray.ObjectRef], number: int, deadline: Optional[float],
+        self,
+        hooks: CallHooks,
+        world: World,
+        refs: List[ray.ObjectRef],
+        number: int,
+        deadline: Optional[float],
         split: Optional[Attachment] = None,
     ):
         self._hooks = hooks
@@ -150,7 +155,8 @@ def forward_signal(world: World, error: BaseException, future: WorkerFuture, shu
         return
     logger.warning(
         "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
-        signals.SignalReceived(signum).name, shutdown_timeout,
+        signals.SignalReceived(signum).name,
+        shutdown_timeout,
     )
     world.agents.ask(world.workers, range(world.size), "signal", signum)
     deadline = time.monotonic() + shutdown_timeout

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import ray
 
 from raydist.pool.cluster.connect import connected_session
+from raydist.pool.driver.world import World
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
 
@@ -109,7 +110,8 @@ class OpenSplits:
             for name, dataset in data.datasets.items():
                 iterators = (
                     dataset.streaming_split(len(workers), equal=data.config.equal, locality_hints=hints)
-                    if name in split else [dataset.iterator()] * len(workers)
+                    if name in split
+                    else [dataset.iterator()] * len(workers)
                 )
                 coordinators.extend(_coordinator_of(iterators) if name in split else [])
                 for rank, iterator in enumerate(iterators):
@@ -151,3 +153,18 @@ def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
     stop a split (its coordinator otherwise lives as long as the driver)."""
     actor = getattr(iterators[0], "_coord_actor", None) if iterators else None
     return [actor] if actor is not None else []
+
+
+def split_for_world(
+    world: Optional[World], data: Optional[CallData], held: Mapping[str, Any], attach: Callable[[str, OpenSplits], None]
+) -> Optional[WorldSplit]:
+    """Under the group's phase lock: ``data`` split for ``world``, kept with
+    that world (its open splits stop when it ends); None without data."""
+    if data is None or world is None:
+        return None
+    splits = world.attached.get(DATASETS)
+    if not isinstance(splits, OpenSplits):
+        warn_without_cpus(held, world.size)  # once per world
+        splits = OpenSplits()
+        attach(DATASETS, splits)
+    return splits.open(data, world.workers, world.actors)

@@ -53,8 +53,10 @@ def waiting_ranks() -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
 
 
 def _line(relay: Dict[str, Any], stopped: Dict[str, Any]) -> str:
-    return (f"rank {stopped['rank']}: {stopped['kind']} in {stopped['where']} "
-            f"(pid {stopped['pid']} on {stopped['host']}; run of driver pid {relay['pid']})")
+    return (
+        f"rank {stopped['rank']}: {stopped['kind']} in {stopped['where']} "
+        f"(pid {stopped['pid']} on {stopped['host']}; run of driver pid {relay['pid']})"
+    )
 
 
 def debug_command(rank: Optional[int], list_only: bool) -> int:

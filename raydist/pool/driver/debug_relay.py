@@ -163,8 +163,16 @@ class DebugRelay:
             connection.close()
             return
         if hello.get("role") == "rank":
-            self._arrived(Stopped(int(hello.get("rank", -1)), int(hello.get("pid", 0)), str(hello.get("host", "?")),
-                                  str(hello.get("kind", "breakpoint()")), str(hello.get("where", "?")), connection))
+            self._arrived(
+                Stopped(
+                    int(hello.get("rank", -1)),
+                    int(hello.get("pid", 0)),
+                    str(hello.get("host", "?")),
+                    str(hello.get("kind", "breakpoint()")),
+                    str(hello.get("where", "?")),
+                    connection,
+                )
+            )
         elif hello.get("op") == "attach":
             self._attach(connection, hello.get("rank"))
         else:
@@ -178,8 +186,10 @@ class DebugRelay:
             self._waiting.append(stopped)
             self._changed.notify_all()
         if not self._terminal:
-            _say(f"{stopped.describe()}; no terminal here: attach from another shell on this machine with "
-                 f"`raydist debug --rank {stopped.rank}` (`raydist debug --list` lists the waiting ranks)")
+            _say(
+                f"{stopped.describe()}; no terminal here: attach from another shell on this machine with "
+                f"`raydist debug --rank {stopped.rank}` (`raydist debug --list` lists the waiting ranks)"
+            )
         elif busy and ahead is not None:
             _say(f"{stopped.describe()}; it waits its turn (rank {ahead.rank}'s pdb session comes first)")
 

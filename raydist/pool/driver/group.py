@@ -14,39 +14,38 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 
 from raydist.config import RunConfig, make_config
-from raydist.errors import COLLECTIVES_HEADER, RaydistError, WorkerGroupClosed
+from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.calls import INLINE_CALL_BYTES, CallHooks, WorkerFuture, error_for, forward_signal, prepare_call
-from raydist.pool.driver.datasets import DATASETS, CallData, OpenSplits, WorldSplit, check_datasets, warn_without_cpus
-from raydist.pool.driver.hooks import group_hooks
-from raydist.pool.driver.lifecycle import Lifecycle
+from raydist.pool.driver.datasets import CallData, WorldSplit, check_datasets, split_for_world
+from raydist.pool.driver.hooks import GroupHooks, group_hooks
+from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
 from raydist.pool.driver.log_files import RunLogs
-from raydist.pool.driver.output import OutputRouter
+from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import RestartAborted, restart_in_place
 from raydist.pool.driver.startup import GroupBuilder, Holdings, release
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
-from raydist.pool.rules.logs import wants_files
-from raydist.pool.rules.policy import Decision, classify_end, decide_restart, restart_line
 from raydist.pool.rules.datasets import DataConfig
+from raydist.pool.rules.policy import Decision, classify_end, decide_restart, restart_line
 from raydist.pool.rules.stragglers import Straggler
 
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["WorkerGroup", "WorkerFuture", "WorkerInfo", "prepare_call", "start_group", "INLINE_CALL_BYTES"]
+__all__ = ["INLINE_CALL_BYTES", "WorkerFuture", "WorkerGroup", "WorkerInfo", "prepare_call", "start_group"]
 
 logger = logging.getLogger("raydist")
+
 
 class WorkerGroup:
     """A pool of Ray actors, one per rank, kept alive across calls.
@@ -60,40 +59,22 @@ class WorkerGroup:
     replaced its dead ranks in place first.
     """
 
+    # Set by _open_group, for the constructor and start_group alike.
+    config: RunConfig
+    _state: RunState
+    _hooks: GroupHooks
+    _life: Lifecycle
+    _calls: int
+    _holdings: Optional[Holdings]
+    _world: Optional[World]
+    _restarts_used: int
+    _session: Any
+    _builder: GroupBuilder
+
     def __init__(self, num_workers: Optional[int] = None, *, config: Optional[RunConfig] = None, **options: Any):
         if num_workers is not None:
             options["num_workers"] = num_workers
-        self._open(make_config(config, options))
-
-    def _open(self, config: RunConfig, restart_count: int = 0, logs: Optional[RunLogs] = None,
-              node_order: Sequence[str] = (), restarts_used: int = 0, state_name: Optional[str] = None) -> None:
-        self.config = config
-        self._state = RunState.of(state_name)  # save_state's copies: the run's, or this group's own
-        self._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
-        self._life = Lifecycle()
-        self._calls = 0
-        self._holdings: Optional[Holdings] = None
-        self._world: Optional[World] = None
-        self._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
-        connect(config.address, startup_timeout=config.startup_timeout)
-        self._session = connected_session()
-        self._builder = GroupBuilder(
-            config, self._hooks, logs or RunLogs(config), _router(config), _grow_stopper(self), restart_count, node_order, self._state.env(config)
-        )
-        try:
-            self._holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
-            world = self._builder.build(self._holdings)
-        except BaseException:  # the builder released what it made; the group is closed, never started
-            self._life.stop(CallEnd.SHUT_DOWN)
-            self._life.close()
-            raise
-        with self._life.lock:
-            self._world = world
-            if self._life.phase is GroupPhase.STARTING:
-                self._life.move(GroupPhase.RUNNING)
-                return
-        world.end()  # shut down while it started: its resources went with the shutdown
-        raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
+        _open_group(self, make_config(config, options))
 
     # -- what the group is -------------------------------------------------
 
@@ -152,8 +133,12 @@ class WorkerGroup:
     # -- calls -------------------------------------------------------------
 
     def submit(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
-        datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Mapping[str, Any]] = None,
+        datasets: Optional[Mapping[str, Any]] = None,
+        dataset_config: Optional[DataConfig] = None,
     ) -> WorkerFuture:
         """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets``, ``dataset_config``: as in ``raydist.run``."""
         return self.submit_prepared(prepare_call(fn, args, kwargs), check_datasets(datasets, dataset_config))
@@ -166,8 +151,13 @@ class WorkerGroup:
         return WorkerFuture(hooks, world, refs, number, deadline, split)
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
-        datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+        datasets: Optional[Mapping[str, Any]] = None,
+        dataset_config: Optional[DataConfig] = None,
     ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; the values by rank. ``timeout``: the group's ``timeout`` option."""
         return self.submit(fn, args, kwargs, datasets, dataset_config).result(timeout)
@@ -201,8 +191,7 @@ class WorkerGroup:
     def _check_session(self) -> None:
         if connected_session() != self._session:
             raise RuntimeError(
-                "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); "
-                "its workers are gone: start a new WorkerGroup"
+                "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); its workers are gone: start a new WorkerGroup"
             )
 
     # -- teardown ----------------------------------------------------------
@@ -254,8 +243,53 @@ def start_group(
     the run's logs, the node order to keep, the restarts already counted and
     the run's training-state name (the run releases that state, not the group)."""
     group = WorkerGroup.__new__(WorkerGroup)
-    group._open(config, restart_count, logs, node_order, restarts_used, state_name)
+    _open_group(group, config, restart_count, logs, node_order, restarts_used, state_name)
     return group
+
+
+def _open_group(
+    group: WorkerGroup,
+    config: RunConfig,
+    restart_count: int = 0,
+    logs: Optional[RunLogs] = None,
+    node_order: Sequence[str] = (),
+    restarts_used: int = 0,
+    state_name: Optional[str] = None,
+) -> None:
+    group.config = config
+    group._state = RunState.of(state_name)  # save_state's copies: the run's, or this group's own
+    group._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
+    group._life = Lifecycle()
+    group._calls = 0
+    group._holdings = None
+    group._world = None
+    group._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
+    connect(config.address, startup_timeout=config.startup_timeout)
+    group._session = connected_session()
+    group._builder = GroupBuilder(
+        config,
+        group._hooks,
+        logs or RunLogs(config),
+        router_for(config),
+        weak_stopper(group._stop, CallEnd.GROW),  # held weakly: a group dropped without shutdown() is freed
+        restart_count,
+        node_order,
+        group._state.env(config),
+    )
+    try:
+        group._holdings = group._builder.reserve()  # held at once: a shutdown() from another thread releases it
+        world = group._builder.build(group._holdings)
+    except BaseException:  # the builder released what it made; the group is closed, never started
+        group._life.stop(CallEnd.SHUT_DOWN)
+        group._life.close()
+        raise
+    with group._life.lock:
+        group._world = world
+        if group._life.phase is GroupPhase.STARTING:
+            group._life.move(GroupPhase.RUNNING)
+            return
+    world.end()  # shut down while it started: its resources went with the shutdown
+    raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
 
 
 def attach(group: WorkerGroup, name: str, thing: Attachment) -> None:
@@ -273,7 +307,7 @@ def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tup
         # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
         group._life.changed.wait_for(lambda: group._life.phase is not GroupPhase.RESTARTING)
         group._check_usable()
-        split = _split_for_call(group, data)  # each rank's part, queued before the call
+        split = split_for_world(group._world, data, group.held_resources, partial(attach, group))  # queued before the call
         world = group._world
         assert world is not None
         sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
@@ -281,20 +315,6 @@ def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tup
         refs = [actor.execute.remote(sent) for actor in world.actors]
         number, group._calls = group._calls, group._calls + 1
     return world, refs, number, split
-
-
-def _split_for_call(group: WorkerGroup, data: Optional[CallData]) -> Optional[WorldSplit]:
-    """Under the phase lock: ``data`` split for the current world, kept with
-    that world (its open splits stop when it ends); None without data."""
-    world = group._world
-    if data is None or world is None:
-        return None
-    splits = world.attached.get(DATASETS)
-    if not isinstance(splits, OpenSplits):
-        warn_without_cpus(group.held_resources, world.size)  # once per world
-        splits = OpenSplits()
-        attach(group, DATASETS, splits)
-    return splits.open(data, world.workers, world.actors)
 
 
 def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
@@ -325,8 +345,10 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     ended = error_for(end, world, waited, failures, limit or 0.0)
     group._state.abort(world.attempt)  # no rank waits on a step a dead rank never saves
     decision = decide_restart(
-        ended, retry_on_exception=group.config.retry_on_exception,
-        restarts_left=group.config.max_restarts - group._restarts_used, driver_node=ray.get_runtime_context().get_node_id(),
+        ended,
+        retry_on_exception=group.config.retry_on_exception,
+        restarts_left=group.config.max_restarts - group._restarts_used,
+        driver_node=ray.get_runtime_context().get_node_id(),
     )
     ended.decision = decision  # the runner acts on it: one decision per failure
     if _restart_in_place(group, future, waited, decision):
@@ -374,26 +396,3 @@ def _restart_in_place(group: WorkerGroup, future: WorkerFuture, waited: Waited, 
     logger.warning(restart_line(decision.restart, old.size, world.attempt, config.max_restarts, group._restarts_used))
     logger.warning(done)
     return True
-
-
-def _grow_stopper(group: WorkerGroup) -> Callable[[], None]:
-    """What the drain watcher calls to stop the group to grow; it holds the
-    group weakly, so a group dropped without shutdown() is freed."""
-    ref = weakref.ref(group)
-
-    def stop_to_grow() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._stop(CallEnd.GROW)
-
-    return stop_to_grow
-
-
-def _router(config: RunConfig) -> Optional[OutputRouter]:
-    router = OutputRouter.install()
-    if router is None and (wants_files(config) or config.local_ranks_filter is not None):
-        raise ValueError(
-            "log_dir, redirects, tee and local_ranks_filter need Ray to forward worker output "
-            "to this driver (ray.init(log_to_driver=True); not Ray Client)"
-        )
-    return router

@@ -5,7 +5,8 @@ group was stopped (the first cause wins: a shutdown, a cancel, a growth)."""
 from __future__ import annotations
 
 import threading
-from typing import Optional
+import weakref
+from typing import Any, Callable, Optional
 
 from raydist.pool.records import CallEnd, GroupPhase, check_transition
 
@@ -43,3 +44,15 @@ class Lifecycle:
     @property
     def closing(self) -> bool:
         return self.phase in (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED)
+
+
+def weak_stopper(stop: Callable[[CallEnd], Any], cause: CallEnd) -> Callable[[], None]:
+    """``stop(cause)`` for a watcher to call, holding ``stop``'s group weakly."""
+    ref = weakref.WeakMethod(stop)
+
+    def stop_for_cause() -> None:
+        alive = ref()
+        if alive is not None:
+            alive(cause)
+
+    return stop_for_cause

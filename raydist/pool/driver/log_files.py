@@ -51,6 +51,7 @@ class RunLogs:
         os.makedirs(path)
         return path
 
+
 class RankLog:
     """One rank's open log files. Lines arrive on Ray's log thread while the
     group may close the files from another."""

@@ -11,10 +11,11 @@ import threading
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from raydist.config import RunConfig
 from raydist.pool.cluster.ray_private import drop_raylet_messages, warn_once, wrap_worker_output_printer
 from raydist.pool.driver.log_files import RankLog
 from raydist.pool.records import WorkerInfo
-from raydist.pool.rules.logs import RankRoute, console_prefix, raylet_death_report_of, split_forwarded
+from raydist.pool.rules.logs import RankRoute, console_prefix, raylet_death_report_of, split_forwarded, wants_files
 from raydist.pool.worker.markers import MARKER_VAR, Printed
 
 logger = logging.getLogger("raydist")
@@ -134,6 +135,7 @@ def _to_console(lines: Sequence[str], route: RankRoute, pid: Any, ip: Optional[s
     stream.write("".join(f"{prefix}{line}\n" for line in lines))
     stream.flush()
 
+
 class GroupOutput:
     """One worker group's share of the router: its ranks' log files, the
     environment that turns markers on, and the wait after each call."""
@@ -173,3 +175,14 @@ class GroupOutput:
             self._router.detach(self._keys)
         for log in self._logs:
             log.close()
+
+
+def router_for(config: RunConfig) -> Optional[OutputRouter]:
+    """The driver's output router; a clear error where the run's options need one and Ray forwards no output."""
+    router = OutputRouter.install()
+    if router is None and (wants_files(config) or config.local_ranks_filter is not None):
+        raise ValueError(
+            "log_dir, redirects, tee and local_ranks_filter need Ray to forward worker output "
+            "to this driver (ray.init(log_to_driver=True); not Ray Client)"
+        )
+    return router

@@ -51,8 +51,14 @@ class RestartAborted(RuntimeError):
 
 
 def restart_in_place(
-    builder: GroupBuilder, holdings: Holdings, world: World, refs: Sequence[ray.ObjectRef], waited: Waited, call: int,
-    config: RunConfig, live: Callable[[], None] = lambda: None,
+    builder: GroupBuilder,
+    holdings: Holdings,
+    world: World,
+    refs: Sequence[ray.ObjectRef],
+    waited: Waited,
+    call: int,
+    config: RunConfig,
+    live: Callable[[], None] = lambda: None,
 ) -> Tuple[World, str]:
     """The next attempt's world after ``world``'s call ``call`` failed as
     ``waited`` says (survivors kept, the rest replaced), and the line that
@@ -96,8 +102,13 @@ def _alive(live: Callable[[], None]) -> bool:
 
 
 def settle_survivors(
-    actors: Sequence[Any], refs: Sequence[ray.ObjectRef], waited: Waited, workers: Sequence[Any],
-    lost: Collection[str], deadline: float, live: Callable[[], None] = lambda: None,
+    actors: Sequence[Any],
+    refs: Sequence[ray.ObjectRef],
+    waited: Waited,
+    workers: Sequence[Any],
+    lost: Collection[str],
+    deadline: float,
+    live: Callable[[], None] = lambda: None,
 ) -> Settled:
     """Make every live rank leave its process group: at once where its call is
     back, else when it comes back, until ``deadline`` (``time.time()``)."""
@@ -134,7 +145,9 @@ def _died(ref: ray.ObjectRef) -> bool:
     return False
 
 
-def _plan(holdings: Holdings, world: World, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]) -> RestartPlan:
+def _plan(
+    holdings: Holdings, world: World, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]
+) -> RestartPlan:
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
     InfeasibleResourcesError after ``startup_timeout``."""
@@ -148,8 +161,13 @@ def _plan(holdings: Holdings, world: World, settled: Settled, leaving: Set[str],
         taken = {w.actor_index for w in world.workers if w.rank not in gone and w.node_id not in leaving}
         taken |= holdings.spares.bundles()
         plan = plan_restart(
-            world.workers, dead=settled.dead, stuck=settled.stuck, leaving_nodes=leaving,
-            spares=holdings.spares.seats(), free_seats=free_seats(holdings.pg, taken), sizes=sizes,
+            world.workers,
+            dead=settled.dead,
+            stuck=settled.stuck,
+            leaving_nodes=leaving,
+            spares=holdings.spares.seats(),
+            free_seats=free_seats(holdings.pg, taken),
+            sizes=sizes,
         )
         if not plan.missing:
             return plan
@@ -166,7 +184,9 @@ def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: Restart
     ranked and set up together (kept ones leave their old group first)."""
     kept: List[Tuple[Any, int]] = [(world.actors[r], world.workers[r].actor_index) for r in plan.kept]
     spares = holdings.spares.take(plan.spares)
-    holdings.actors.extend(s.actor for s in spares if all(s.actor is not a for a in holdings.actors))  # held, so that a failure from here releases them too
+    holdings.actors.extend(
+        s.actor for s in spares if all(s.actor is not a for a in holdings.actors)
+    )  # held, so that a failure from here releases them too
     joining = [*kept, *[(s.actor, s.placement.index) for s in spares]]
     fresh_bundles = [seat.bundle for seat in plan.fresh]
     actors = [actor for actor, _ in joining] + builder.create(holdings, fresh_bundles)

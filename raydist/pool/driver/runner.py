@@ -77,7 +77,11 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
         wait_until_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
     group = start_group(
-        config, restart_count=number, logs=logs, node_order=attempts.node_order, restarts_used=attempts.counted,
+        config,
+        restart_count=number,
+        logs=logs,
+        node_order=attempts.node_order,
+        restarts_used=attempts.counted,
         state_name=attempts.state_name,
     )
     if number:
@@ -91,11 +95,15 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
 def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: Attempts) -> None:
     """Count and log a restart in fresh processes, or raise (listing every attempt).
     A call's failure comes with the group's decision; a start's is decided here."""
-    decision = error.decision if isinstance(error.decision, Decision) else decide_restart(
-        error,
-        retry_on_exception=config.retry_on_exception,
-        restarts_left=config.max_restarts - attempts.counted,
-        driver_node=_driver_node(),
+    decision = (
+        error.decision
+        if isinstance(error.decision, Decision)
+        else decide_restart(
+            error,
+            retry_on_exception=config.retry_on_exception,
+            restarts_left=config.max_restarts - attempts.counted,
+            driver_node=_driver_node(),
+        )
     )
     if decision.why_not:
         logger.error("raydist: %s", decision.why_not)

@@ -55,6 +55,11 @@ def free_seats(pg: Optional[PlacementGroup], taken: Collection[int]) -> List[Sea
 def as_placement(worker: WorkerInfo) -> Placement:
     """A kept worker's placement, for the layout rules."""
     return Placement(
-        index=worker.actor_index, node_id=worker.node_id, node_ip=worker.node_ip, pid=worker.pid,
-        accelerator_ids=worker.device_ids, free_port=0, evidence=worker.evidence,
+        index=worker.actor_index,
+        node_id=worker.node_id,
+        node_ip=worker.node_ip,
+        pid=worker.pid,
+        accelerator_ids=worker.device_ids,
+        free_port=0,
+        evidence=worker.evidence,
     )

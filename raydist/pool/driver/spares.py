@@ -38,7 +38,12 @@ class SparePool:
     """A group's spares: the ready ones, and those still starting."""
 
     def __init__(
-        self, wanted: int, pg: Optional[PlacementGroup], bundle: dict, accelerator: Accelerator, timeout: float,
+        self,
+        wanted: int,
+        pg: Optional[PlacementGroup],
+        bundle: dict,
+        accelerator: Accelerator,
+        timeout: float,
         placed: Callable[[Sequence[Placement]], None] = lambda placements: None,
     ):
         self.wanted = wanted

@@ -22,15 +22,16 @@ from raydist.core.accelerators import Accelerator
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
 from raydist.pool.cluster.placement import alive_nodes, reserve, room_for
 from raydist.pool.driver.agents import NodeAgents, driver_node, explain_deaths
+from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
-from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.seats import free_seats, new_worker
-from raydist.pool.driver.stragglers import StragglerWatch
-from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.driver.spares import Spare, SparePool
+from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.waiting import wait_for_ranks
+from raydist.pool.driver.watcher import GroupWatcher
+from raydist.pool.driver.world import World
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
@@ -44,7 +45,6 @@ from raydist.pool.rules.sizing import (
     selection_text,
     worker_bundle,
 )
-from raydist.pool.driver.world import World
 from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
 
 # How long a graceful shutdown waits for workers to leave the process group.
@@ -210,9 +210,15 @@ class GroupBuilder:
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
         routes = self._logs.attempt(self.restart_count, workers)
         world = World(
-            attempt=self.restart_count, actors=tuple(actors[w.actor_index] for w in workers), workers=tuple(workers),
-            contexts=(), routes=tuple(routes), output=GroupOutput(workers, routes, self._router), agents=holdings.agents,
-            relay=DebugRelay(ray.util.get_node_ip_address()), flight_recorder=self.config.flight_recorder,
+            attempt=self.restart_count,
+            actors=tuple(actors[w.actor_index] for w in workers),
+            workers=tuple(workers),
+            contexts=(),
+            routes=tuple(routes),
+            output=GroupOutput(workers, routes, self._router),
+            agents=holdings.agents,
+            relay=DebugRelay(ray.util.get_node_ip_address()),
+            flight_recorder=self.config.flight_recorder,
         )
         try:
             master_port = next(p.free_port for p in placements if p.index == workers[0].actor_index)
@@ -220,7 +226,9 @@ class GroupBuilder:
         except BaseException:
             world.end()
             raise
-        return dataclasses.replace(world, contexts=tuple(contexts), _ending=world._ending, **watchers(self.config, holdings, world, self._stop_group))
+        return dataclasses.replace(
+            world, contexts=tuple(contexts), _ending=world._ending, **watchers(self.config, holdings, world, self._stop_group)
+        )
 
     def _set_up(self, holdings: Holdings, world: World, master_port: int) -> List[Any]:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
@@ -265,7 +273,9 @@ class GroupBuilder:
             for worker, backend_env in zip(workers, extra)
         ]
 
-    def _await(self, workers: Sequence[WorkerInfo], refs: List[ray.ObjectRef], stage: str, agents: Optional[NodeAgents] = None) -> List[Any]:
+    def _await(
+        self, workers: Sequence[WorkerInfo], refs: List[ray.ObjectRef], stage: str, agents: Optional[NodeAgents] = None
+    ) -> List[Any]:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
         with progress(len(refs), f"raydist: workers {stage}") as bar:
@@ -333,5 +343,5 @@ def _split_spares(placements: List[Placement], spares: int, node_order: Sequence
     if not spares:
         return placements, []
     order = assign_ranks(placements, ray.get_runtime_context().get_node_id(), node_order)
-    last = {w.actor_index for w in order[len(order) - spares:]}
+    last = {w.actor_index for w in order[len(order) - spares :]}
     return [p for p in placements if p.index not in last], [p for p in placements if p.index in last]

@@ -15,8 +15,7 @@ import ray
 from ray.exceptions import RayActorError, RaySystemError
 
 from raydist.errors import WorkerFailure
-from raydist.pool.records import WorkerInfo
-from raydist.pool.records import Outcome
+from raydist.pool.records import Outcome, WorkerInfo
 from raydist.pool.rules.outcomes import death_line, rank_failure, step_error_text
 
 # After the first failure, how long to let other ranks report theirs (so that
@@ -91,7 +90,7 @@ def _take(
     """Move finished ranks from ``pending`` into the results or the failures."""
     try:
         values: List[Any] = ray.get(ready)  # one call for the common case
-    except Exception:
+    except Exception:  # noqa: BLE001 - the ranks' errors are read one by one below
         values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
     for ref, value in zip(ready, values):
         rank = pending.pop(ref)

@@ -21,11 +21,11 @@ from raydist.pool.driver.output import GroupOutput
 from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import WorkerInfo
-from raydist.pool.worker.markers import Printed
 from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.hangs import where_collectives_are
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.stragglers import Straggler
+from raydist.pool.worker.markers import Printed
 
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo

@@ -99,4 +99,3 @@ def row_drop_bound(world_size: int, batch_size: Optional[int], drop_last: bool, 
     if drop_last and batch_size:
         dropped += world_size * (batch_size - 1)
     return dropped
-

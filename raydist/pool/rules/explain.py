@@ -28,7 +28,11 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 # Frames that are raydist's or Ray's own machinery around the user's call.
 _MACHINERY = (os.sep + "ray" + os.sep, os.path.join("raydist", "pool") + os.sep, os.sep + "runpy.py", "<frozen runpy>")
 
-_COLLECTIVE_FILES = (os.path.join("torch", "distributed") + os.sep, os.sep + "horovod" + os.sep, os.path.join("raydist", "core", "collectives.py"))
+_COLLECTIVE_FILES = (
+    os.path.join("torch", "distributed") + os.sep,
+    os.sep + "horovod" + os.sep,
+    os.path.join("raydist", "core", "collectives.py"),
+)
 
 
 def explain_death(ray_text: str, tail: Optional[str], exit_code: Optional[int], node_alive: bool) -> str:
@@ -45,16 +49,15 @@ def explain_death(ray_text: str, tail: Optional[str], exit_code: Optional[int], 
         return "killed by Ray's memory monitor (OOM: the node ran low on memory)"
     if not node_alive:
         return NODE_LOST_TEXT
-    return (
-        "killed without an exit status or crash report: SIGKILL (or SIGTERM) from outside, "
-        "or the kernel's OOM killer"
-    )
+    return "killed without an exit status or crash report: SIGKILL (or SIGTERM) from outside, or the kernel's OOM killer"
+
 
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
 
 @dataclass(frozen=True)
 class StackSummary:
@@ -63,6 +66,7 @@ class StackSummary:
     where: str  # "in all_reduce at train.py:88"
     frames: Tuple[str, ...]  # the user's frames, outermost first
     in_collective: bool  # waiting for the other ranks
+
 
 def summarize_stack(dump: str) -> StackSummary:
     """The stack of the thread running the user's call, from a faulthandler dump."""
@@ -89,8 +93,10 @@ def summarize_stack(dump: str) -> StackSummary:
     lines = tuple(f'File "{file}", line {line}, in {func}' for file, line, func in frames)
     return StackSummary(where, lines, any(c in f[0] for f in frames for c in _COLLECTIVE_FILES))
 
+
 def _is_library(path: str) -> bool:
     return "site-packages" in path or "dist-packages" in path or path.startswith(("<", os.path.dirname(os.__file__)))
+
 
 def format_stacks(dumps: Dict[int, Optional[str]]) -> str:
     """Ranks grouped by where they are; the odd ones out marked.
@@ -117,7 +123,10 @@ def format_stacks(dumps: Dict[int, Optional[str]]) -> str:
         lines.append(f"{ranks_text(missing)}: no stack (the process did not answer)")
     return "\n".join(lines)
 
-def _odd_groups(groups: Dict[Tuple[str, Tuple[str, ...]], List[int]], summaries: Dict[Tuple[str, Tuple[str, ...]], StackSummary]) -> List[Tuple[str, Tuple[str, ...]]]:
+
+def _odd_groups(
+    groups: Dict[Tuple[str, Tuple[str, ...]], List[int]], summaries: Dict[Tuple[str, Tuple[str, ...]], StackSummary]
+) -> List[Tuple[str, Tuple[str, ...]]]:
     if len(groups) < 2:
         return []
     outside = [key for key in groups if not summaries[key].in_collective]

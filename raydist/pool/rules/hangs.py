@@ -115,8 +115,7 @@ def mark_failed(entries: Sequence[CollectiveEntry]) -> Tuple[CollectiveEntry, ..
         return tuple(entries)
     latest = max(entries, key=lambda entry: entry.created_ns)
     return tuple(
-        CollectiveEntry(e.group, e.seq, e.op, e.shapes, e.dtypes, e.created_ns, False, True) if e is latest else e
-        for e in entries
+        CollectiveEntry(e.group, e.seq, e.op, e.shapes, e.dtypes, e.created_ns, False, True) if e is latest else e for e in entries
     )
 
 

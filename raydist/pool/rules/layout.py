@@ -14,7 +14,6 @@ Pure functions (no Ray calls), so the rules are easy to read and test:
   workers (fractional amounts), only ``device_index`` is right.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -36,9 +35,11 @@ if TYPE_CHECKING:
 def _id_key(device_id: str) -> Tuple[int, object]:
     return (0, int(device_id)) if device_id.isdigit() else (1, device_id)
 
+
 def _worker_key(placement: Placement) -> Tuple[object, ...]:
     ids = sorted(placement.accelerator_ids, key=_id_key)
     return (0, _id_key(ids[0]), placement.index) if ids else (1, (0, 0), placement.index)
+
 
 def node_devices(placements: Sequence[Placement]) -> Dict[str, Tuple[str, ...]]:
     """Each node's visible devices: the union of its workers' ids, each once, in id order."""
@@ -46,6 +47,7 @@ def node_devices(placements: Sequence[Placement]) -> Dict[str, Tuple[str, ...]]:
     for placement in placements:
         ids.setdefault(placement.node_id, set()).update(placement.accelerator_ids)
     return {node: tuple(sorted(found, key=_id_key)) for node, found in ids.items()}
+
 
 def assign_ranks(
     placements: Sequence[Placement],
@@ -96,6 +98,7 @@ def assign_ranks(
             )
     return workers
 
+
 def node_layout_broken(workers: Sequence[WorkerInfo], per_node: int) -> Optional[str]:
     """What breaks torchrun's layout (exactly ``per_node`` ranks on each node,
     node g holding ranks g*P ... g*P+P-1), or None when it holds."""
@@ -107,7 +110,11 @@ def node_layout_broken(workers: Sequence[WorkerInfo], per_node: int) -> Optional
                 f"{worker.node_rank} ({worker.node_id[:12]}); expected local rank {expected[1]} of {per_node} on node {expected[0]}"
             )
     return None
-def standby_env(spare: Placement, standby: Sequence[Placement], placements: Sequence[Placement], accelerator: Accelerator) -> Dict[str, str]:
+
+
+def standby_env(
+    spare: Placement, standby: Sequence[Placement], placements: Sequence[Placement], accelerator: Accelerator
+) -> Dict[str, str]:
     """A spare's device variables: its node's visible devices (workers and
     spares there) and its own device's position among them."""
     visible = node_devices([*placements, *standby]).get(spare.node_id, ())
@@ -118,6 +125,7 @@ def standby_env(spare: Placement, standby: Sequence[Placement], placements: Sequ
     if own:
         env[DEVICE_INDEX_VAR] = str(visible.index(own[0]))
     return env
+
 
 def worker_env(
     worker: WorkerInfo,

@@ -38,6 +38,7 @@ class StreamRoute:
     file: Optional[str]  # the log file; None: no file
     console: bool
 
+
 @dataclass(frozen=True)
 class RankRoute:
     """Where one rank's stdout and stderr go, and the prefix of its console lines."""
@@ -52,20 +53,24 @@ class RankRoute:
     def stream(self, is_err: bool) -> StreamRoute:
         return self.stderr if is_err else self.stdout
 
+
 def stream_code(spec: StdSpec, local_rank: int) -> int:
     """One local rank's code from torchrun's value or per-rank mapping (torch's ``to_map``)."""
     return spec if isinstance(spec, int) else spec.get(local_rank, STD_NONE)
+
 
 def wants_files(config: RunConfig) -> bool:
     """torchrun makes the run directory whenever it has a log dir; without
     one, raydist makes a temporary one only when a stream goes to files."""
     return config.log_dir is not None or config.redirects != STD_NONE or config.tee != STD_NONE
 
+
 def line_prefix(template: Optional[str], rank: int, local_rank: int, role: str = ROLE_NAME) -> Optional[str]:
     """``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` expanded as torchrun expands it."""
     if template is None:
         return None
     return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
+
 
 def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional[str], template: Optional[str]) -> RankRoute:
     """torchrun's rules for one rank: a tee'd stream is redirected too; the
@@ -81,8 +86,14 @@ def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional
         )
 
     return RankRoute(
-        rank, local_rank, route(STD_OUT, "stdout.log"), route(STD_ERR, "stderr.log"), line_prefix(template, rank, local_rank, config.role), rank_dir
+        rank,
+        local_rank,
+        route(STD_OUT, "stdout.log"),
+        route(STD_ERR, "stderr.log"),
+        line_prefix(template, rank, local_rank, config.role),
+        rank_dir,
     )
+
 
 def console_prefix(route: RankRoute, pid: int, ip: Optional[str], colour: bool) -> str:
     """What goes before a console line: the template's expansion (as torchrun

@@ -105,7 +105,4 @@ def restart_line(reason: RestartReason, old_size: int, attempt: int, max_restart
     while starting), and which attempt of how many counted."""
     budget = f"restart {restarts_used} of {max_restarts}" if reason.counted else "not counted against max_restarts"
     size = f"world size was {old_size}" if old_size else "the group failed while starting"
-    return (
-        f"raydist: {reason.kind}: {reason.detail}; {size}; "
-        f"starting attempt {attempt} ({budget})"
-    )
+    return f"raydist: {reason.kind}: {reason.detail}; {size}; starting attempt {attempt} ({budget})"

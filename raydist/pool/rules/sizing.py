@@ -39,11 +39,10 @@ def resolve_accelerator(accelerator: str, resources_per_worker: Mapping[str, flo
         if resources_per_worker.get(row.ray_resource or "", 0) > 0:
             return row
     for row in AUTO_ORDER:
-        if row.ray_resource not in resources_per_worker and any(
-            node.resources.get(row.ray_resource or "", 0) >= 1 for node in nodes
-        ):
+        if row.ray_resource not in resources_per_worker and any(node.resources.get(row.ray_resource or "", 0) >= 1 for node in nodes):
             return row
     return CPU
+
 
 def worker_bundle(
     accelerator: Accelerator, resources_per_worker: Mapping[str, float], accelerator_type: Optional[str] = None
@@ -65,6 +64,7 @@ def worker_bundle(
         )
     return bundle
 
+
 def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], nodes: List[ClusterNode]) -> int:
     """One worker per device of the chosen kind (per share of one, for
     fractional amounts), or per CPU slot when workers have no device; 0 when
@@ -75,14 +75,13 @@ def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], n
         return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
     return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
 
+
 def spares_text(num_workers: int, spares: int) -> str:
-    """" (3 + 1 spare)" after a count of workers that includes spares; "" without."""
+    """ " (3 + 1 spare)" after a count of workers that includes spares; "" without."""
     return f" ({num_workers - spares} + {spares} spare)" if spares else ""
 
 
-def infeasibility(
-    bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode], spares: int = 0
-) -> Optional[str]:
+def infeasibility(bundle: Mapping[str, float], num_workers: int, strategy: str, nodes: List[ClusterNode], spares: int = 0) -> Optional[str]:
     """Why the cluster as it is can never host these workers, or None if it can.
 
     All bundles are equal, so counting how many fit on each node is exact.
@@ -115,6 +114,7 @@ def workers_that_fit(bundle: Mapping[str, float], free_per_node: Sequence[Mappin
     if strategy == "STRICT_SPREAD":
         return sum(1 for fit in fits if fit >= 1)
     return sum(fits)
+
 
 def elastic_size(min_workers: int, max_workers: int, fit_now: int) -> Optional[int]:
     """As many workers as fit now, up to ``max_workers``; None below ``min_workers``."""
@@ -199,7 +199,7 @@ def node_name(node: ClusterNode) -> str:
 def _node_traits(node: ClusterNode) -> str:
     """What a selection looks at on a node: its labels (but Ray's node id) and accelerator type."""
     labels = {k: v for k, v in node.labels.items() if k != NODE_ID_LABEL}
-    types = [name[len(ACCELERATOR_TYPE_RESOURCE):] for name in node.resources if name.startswith(ACCELERATOR_TYPE_RESOURCE)]
+    types = [name[len(ACCELERATOR_TYPE_RESOURCE) :] for name in node.resources if name.startswith(ACCELERATOR_TYPE_RESOURCE)]
     traits = ["labels {" + ", ".join(f"{k}: {v}" for k, v in labels.items()) + "}"]
     if types:
         traits.append(f"accelerator type {', '.join(types)}")
@@ -212,10 +212,7 @@ def selection_text(selection: NodeSelection, nodes: Sequence[ClusterNode]) -> st
         return ""
     matched = selection.matching(nodes)
     if not matched:
-        return (
-            f"no node of {len(nodes)} matches {selection.describe()}; the nodes: "
-            + "; ".join(_node_traits(node) for node in nodes)
-        )
+        return f"no node of {len(nodes)} matches {selection.describe()}; the nodes: " + "; ".join(_node_traits(node) for node in nodes)
     return f"{len(matched)} of {len(nodes)} node(s) match {selection.describe()}: " + ", ".join(map(node_name, matched))
 
 
@@ -243,7 +240,9 @@ def node_layout_infeasibility(
     qualify = sum(1 for held in capacity.values() if held >= per_node)
     if qualify >= num_nodes:
         return None
-    among = f"of the {len(matched)} node(s) that match {selection.describe()}" if selection.active else f"of the cluster's {len(nodes)} node(s)"
+    among = (
+        f"of the {len(matched)} node(s) that match {selection.describe()}" if selection.active else f"of the cluster's {len(nodes)} node(s)"
+    )
     holds = "; ".join(f"{node_name(node)} holds {capacity[node.node_id]}" for node in matched)
     text = (
         f"{num_nodes} node(s) x {per_node} worker(s) of {fmt_resources(worker)} each needs {num_nodes} distinct "

@@ -43,9 +43,7 @@ class Straggler:
         )
 
 
-def _entered(
-    recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Optional[Mapping[int, int]]
-) -> Dict[_Key, Dict[int, int]]:
+def _entered(recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Optional[Mapping[int, int]]) -> Dict[_Key, Dict[int, int]]:
     """When each rank entered each collective that every rank recorded (on one clock)."""
     offsets = offsets_ns or {}
     entered: Dict[_Key, Dict[int, int]] = {}
@@ -62,10 +60,7 @@ def lateness(
     """Per collective every rank recorded: each rank's lateness in seconds."""
     late: Dict[_Key, Dict[int, float]] = {}
     for key, times in _entered(recorders, offsets_ns).items():
-        late[key] = {
-            rank: (time - statistics.median(t for r, t in times.items() if r != rank)) / 1e9
-            for rank, time in times.items()
-        }
+        late[key] = {rank: (time - statistics.median(t for r, t in times.items() if r != rank)) / 1e9 for rank, time in times.items()}
     return late
 
 
@@ -91,4 +86,3 @@ def find_stragglers(
         if sum(value >= min_late_s for value in values) >= share * len(values):
             found.append(Straggler(rank, statistics.median(values), len(keys), keys[-1][1]))
     return found
-

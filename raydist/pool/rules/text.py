@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import List, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from raydist.errors import ranks_text
-
+from raydist.errors import ranks_text  # noqa: F401 - re-exported: the rules name it from here
 
 
 def fmt_resources(resources: Mapping[str, float]) -> str:

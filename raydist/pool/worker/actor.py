@@ -18,8 +18,7 @@ import ray.cloudpickle
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
-from raydist.pool.worker import datasets, debugger
-from raydist.pool.worker import exit_hooks, state_client
+from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
@@ -36,8 +35,10 @@ def _user_traceback(error: BaseException) -> str:
     the call (this module, the script runner, runpy) are left out."""
     tb: Optional[TracebackType] = error.__traceback__
     machinery = (__file__, os.path.join(os.path.dirname(__file__), "script.py"))
-    while tb is not None and tb.tb_next is not None and (
-        tb.tb_frame.f_code.co_filename in machinery or "runpy" in tb.tb_frame.f_code.co_filename
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and (tb.tb_frame.f_code.co_filename in machinery or "runpy" in tb.tb_frame.f_code.co_filename)
     ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(error), error, tb))
@@ -176,7 +177,7 @@ class RayWorker:
             state_client.flush()
             code = _exit_code(stop.code)
             return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
-        except BaseException as error:  # noqa: B036 - report everything, the driver decides
+        except BaseException as error:  # noqa: BLE001 - every ending of the user's code is reported
             return self._failed(error, started)
         finally:
             datasets.end_call()  # this call's dataset shards go with it
@@ -195,7 +196,7 @@ class RayWorker:
             debugger.post_mortem(error)  # the rank stays here until its pdb session ends
         try:
             pickled: Optional[bytes] = ray.cloudpickle.dumps(error)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unpicklable error is sent as text
             pickled = None
         error_path = self._evidence.error_path if self._evidence else ""
         return Outcome(
@@ -210,7 +211,7 @@ class RayWorker:
         """A spare: import what ``setup`` needs and pin the device now (its
         node's visible devices already count it), so that joining a world
         later costs only the initialisation. Returns the pid."""
-        import torch.distributed  # noqa: F401 - the import is the point: it takes seconds
+        import torch.distributed
 
         try:  # what DistributedDataParallel imports the first time a process builds one (seconds too)
             import torch._dynamo  # noqa: F401

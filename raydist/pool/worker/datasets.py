@@ -155,6 +155,7 @@ def _collectives() -> Tuple[int, int, Callable[[Any], List[Any]], Callable[[Opti
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+
         def gather(obj: Any) -> List[Any]:
             out: List[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(out, obj)

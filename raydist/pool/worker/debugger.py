@@ -85,8 +85,13 @@ def _connect(kind: str, where: str) -> Optional[socket.socket]:
     address = os.environ.get(ADDRESS_VAR, "")
     host, _, port = address.rpartition(":")
     hello = {
-        "role": "rank", "token": os.environ.get(TOKEN_VAR, ""), "kind": kind, "where": where,
-        "rank": int(os.environ.get("RANK", "-1")), "pid": os.getpid(), "host": socket.gethostname(),
+        "role": "rank",
+        "token": os.environ.get(TOKEN_VAR, ""),
+        "kind": kind,
+        "where": where,
+        "rank": int(os.environ.get("RANK", "-1")),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
     }
     try:
         connection = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
@@ -94,8 +99,11 @@ def _connect(kind: str, where: str) -> Optional[socket.socket]:
         connection.sendall(json.dumps(hello).encode() + b"\n")
         return connection
     except (OSError, ValueError) as error:
-        print(f"raydist: rank {hello['rank']}: cannot reach the debugger relay at {address!r} ({error}); "
-              "going on without pdb", file=sys.stderr, flush=True)
+        print(
+            f"raydist: rank {hello['rank']}: cannot reach the debugger relay at {address!r} ({error}); going on without pdb",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 

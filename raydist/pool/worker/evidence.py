@@ -19,12 +19,12 @@ import contextlib
 import ctypes
 import faulthandler
 import os
-from concurrent.futures import ThreadPoolExecutor
 import platform
 import re
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from raydist.pool.records import CollectiveEntry, WorkerEvidence
@@ -57,7 +57,7 @@ def leave_evidence(evidence: WorkerEvidence) -> None:
         except FileNotFoundError:
             pass
     # Written by faulthandler's C handler: works while a C++ call holds the GIL.
-    stacks = open(evidence.stack_path, "ab")  # noqa: SIM115 - open for the process's life
+    stacks = open(evidence.stack_path, "ab")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     # os._exit(n) ends the process without a trace Ray reports; note n first.
     real_exit = os._exit
@@ -173,6 +173,7 @@ def read_evidence(evidence: WorkerEvidence, lines: int = TAIL_LINES) -> Tuple[Op
         pass
     return tail, code
 
+
 def _tail(path: str, lines: int, chunk: int = 256 * 1024) -> str:
     with open(path, "rb") as file:
         file.seek(0, os.SEEK_END)
@@ -182,6 +183,7 @@ def _tail(path: str, lines: int, chunk: int = 256 * 1024) -> str:
     kept = [line for i, line in enumerate(kept) if line or (i and kept[i - 1])]  # no runs of blank lines
     return "\n".join(kept[-lines:]).strip("\n")
 
+
 # Lines of a crash report that say nothing a reader can act on, so the tail
 # keeps the cause ("what(): ...", the Python stack): native frame addresses,
 # Ray's second copy of the signal report, faulthandler's module list, and
@@ -190,6 +192,7 @@ _NOISE = re.compile(
     r"^\s*/\S+\(\+?[_\w]*\+?0x|^\s*@\s+0x|^PC: @|logging\.cc:474:|^Extension modules:"
     r"|^:(actor_name|job_id|task_name):|raydist-output-end-"
 )
+
 
 def dump_stack(pid: int, stack_path: str, timeout: float = 3.0) -> Optional[str]:
     """Signal ``pid`` to write its stacks; the dump, or None if it did not come."""
@@ -216,6 +219,7 @@ def dump_stack(pid: int, stack_path: str, timeout: float = 3.0) -> Optional[str]
         file.seek(start)
         return file.read().decode("utf-8", errors="replace")
 
+
 def warn_of_preemption(pid: int, evidence: WorkerEvidence, deadline: float, signal_name: Optional[str]) -> bool:
     """Write the drain deadline where the rank reads it, then signal the rank."""
     with open(evidence.preemption_path, "w") as note:
@@ -223,6 +227,7 @@ def warn_of_preemption(pid: int, evidence: WorkerEvidence, deadline: float, sign
     if signal_name is None:
         return True
     return send_signal(pid, getattr(signal, signal_name))
+
 
 # How long removing a killed process's files waits for it to be gone.
 GONE_TIMEOUT_S = 5.0
@@ -293,6 +298,7 @@ class NodeAgent:
     def clock(self) -> int:
         """This node's wall clock (ns), to put the ranks' recorder times on the driver's clock."""
         return time.time_ns()
+
     def signal(self, requests: List[Tuple[int, int, WorkerEvidence]], signum: int) -> Dict[int, bool]:
         return {rank: send_signal(pid, signum) for rank, pid, _ in requests}
 

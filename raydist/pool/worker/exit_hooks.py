@@ -57,7 +57,7 @@ def run_recorded() -> None:
             func(*args, **kwargs)
         except SystemExit:
             pass  # ignored at exit too
-        except BaseException as error:  # noqa: B036 - reported and ignored, as at exit
+        except BaseException as error:  # noqa: BLE001 - as Python's atexit: report and go on
             _report(func, error)
 
 

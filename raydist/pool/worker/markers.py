@@ -25,6 +25,7 @@ MARKER_VAR = "RAYDIST_OUTPUT_MARKER"
 
 _calls = itertools.count()  # one actor per process: this numbers its calls as the driver does
 
+
 @dataclass(frozen=True)
 class Printed:
     """A call's value from a rank whose streams got a marker after the call."""
@@ -32,6 +33,7 @@ class Printed:
     value: Any
     call: int
     streams: Tuple[bool, bool]  # (stdout, stderr)
+
 
 def _flushed_sizes() -> Tuple[int, int]:
     """The sizes of the files behind fd 1 and 2 (-1: unknown), Python's buffers flushed first."""
@@ -48,6 +50,7 @@ def _flushed_sizes() -> Tuple[int, int]:
             sizes.append(-1)
     return sizes[0], sizes[1]
 
+
 def _write_markers(token: str, call: int, streams: Tuple[bool, bool]) -> None:
     line = f"{token} {call}\n".encode()
     for fd, marked in zip((1, 2), streams):
@@ -56,6 +59,7 @@ def _write_markers(token: str, call: int, streams: Tuple[bool, bool]) -> None:
                 os.write(fd, line)  # the descriptor itself, whatever the code did to sys.stdout
             except OSError:
                 pass
+
 
 def marks_output(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """Wrap a worker's ``execute(call) -> Outcome``: after a call that printed,

@@ -26,9 +26,18 @@ LAST_ENTRIES = 64  # the most entries a reply carries
 
 # torch's scalar type names as the recorder writes them -> torch.<dtype> names.
 _DTYPES = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
-    "ComplexFloat": "complex64", "ComplexDouble": "complex128",
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
 }
 
 

@@ -24,7 +24,7 @@ from raydist.pool.worker import exit_hooks
 # uncaught exception there too, as the interpreter would.
 TRACEBACK_TO_STDERR_VAR = "RAYDIST_TRACEBACK_TO_STDERR"
 
-__all__ = ["resolve_script", "run_script", "run_executable"]
+__all__ = ["resolve_script", "run_executable", "run_script"]
 
 
 def resolve_script(path: str, path_as_typed: str) -> str:
@@ -89,7 +89,7 @@ def run_script(
     except SystemExit as stop:
         succeeded = stop.code is None or stop.code == 0
         raise
-    except BaseException as error:  # noqa: B036 - re-raised with a shorter traceback
+    except BaseException as error:
         error = error.with_traceback(_user_frames(error.__traceback__))
         if os.environ.get(TRACEBACK_TO_STDERR_VAR):
             # As python prints an uncaught exception (through torch's hook: "[rank1]: ..."),
@@ -129,7 +129,6 @@ def _leave_process_group() -> None:
         shutdown()
     except Exception as error:  # noqa: BLE001 - the script's own result matters more
         print(f"raydist: could not destroy the process group: {error}", file=sys.stderr, flush=True)
-
 
 
 def _die_with_parent() -> None:

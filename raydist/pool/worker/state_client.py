@@ -109,7 +109,7 @@ class RayStateStore(StateStore):
         order = [i for i in local[:1] + others + local[1:] if i not in self._dead]
         kept: List[int] = []
         while len(kept) < copies and order:
-            batch, order = order[: copies - len(kept)], order[copies - len(kept):]
+            batch, order = order[: copies - len(kept)], order[copies - len(kept) :]
             for index, ref in [(i, holders[i][1].store.remote(step, key, data)) for i in batch]:
                 try:
                     ray.get(ref)
@@ -136,11 +136,18 @@ class RayStateStore(StateStore):
         shared: Dict[str, Any] = {}
         own: Dict[str, Any] = {}
         if meta.shared:
-            shared = host_copy(mine.shared) if mine is not None and tuple(sorted(mine.shared)) == meta.shared else (
-                self._fetch(keeper, meta.step, SHARED, locations.get(SHARED, [])))
+            shared = (
+                host_copy(mine.shared)
+                if mine is not None and tuple(sorted(mine.shared)) == meta.shared
+                else (self._fetch(keeper, meta.step, SHARED, locations.get(SHARED, [])))
+            )
         if meta.own:
             kept = mine is not None and mine.rank == rank and mine.world_size == world_size
-            own = host_copy(mine.own) if kept and mine is not None else self._fetch(keeper, meta.step, rank_key(rank), locations.get(rank_key(rank), []))
+            own = (
+                host_copy(mine.own)
+                if kept and mine is not None
+                else self._fetch(keeper, meta.step, rank_key(rank), locations.get(rank_key(rank), []))
+            )
         return meta, shared, own
 
     def _fetch(self, keeper: Any, step: int, key: str, where: List[int]) -> Dict[str, Any]:
@@ -169,9 +176,11 @@ class RayStateStore(StateStore):
                 if not create:
                     return None
                 placement = NodeAffinitySchedulingStrategy(self._settings["driver_node"], soft=False)
-                self._keeper = keeper_actor().options(
-                    name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement
-                ).remote(True, self._settings.get("state_dir"), int(self._settings.get("keep", 2)))
+                self._keeper = (
+                    keeper_actor()
+                    .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement)
+                    .remote(True, self._settings.get("state_dir"), int(self._settings.get("keep", 2)))
+                )
         return self._keeper
 
     def _holder_list(self) -> List[Tuple[str, Any]]:

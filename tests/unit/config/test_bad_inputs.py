@@ -76,8 +76,6 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "survivor_timeout": [({"survivor_timeout": 0}, ValueError, "survivor_timeout")],
     "state_dir": [({"state_dir": 3}, TypeError, "state_dir"), ({"state_dir": __file__}, ValueError, "not a directory")],
     "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
-    "state_dir": [({"state_dir": 3}, TypeError, "state_dir"), ({"state_dir": __file__}, ValueError, "not a directory")],
-    "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
 }
 # Fields with no bad value at all; each needs a comment saying why. Empty: keep it so.
 FIELDS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset()
@@ -126,23 +124,20 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
     "--state-dir": [(["--state-dir", __file__], "not a directory")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
-    "--state-dir": [(["--state-dir", __file__], "not a directory")],
-    "--state-keep": [(["--state-keep", "0"], "--state-keep")],
 }
 # Flags that take no value and combine with every other: nothing to get wrong.
-FLAGS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset(
-    {"-h", "--run-path", "--virtual-local-rank", "--no-flight-recorder", "--post-mortem"}
-)
+FLAGS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset({"-h", "--run-path", "--virtual-local-rank", "--no-flight-recorder", "--post-mortem"})
 
 
 def test_every_field_has_a_row() -> None:
     fields = {f.name for f in dataclasses.fields(RunConfig)}
-    assert FIELDS_WITHOUT_BAD_VALUE <= fields
+    assert fields >= FIELDS_WITHOUT_BAD_VALUE
     assert set(FIELD_ROWS) == fields - FIELDS_WITHOUT_BAD_VALUE
 
 
 @pytest.mark.parametrize(
-    "options, error, words", [row for rows in FIELD_ROWS.values() for row in rows],
+    "options, error, words",
+    [row for rows in FIELD_ROWS.values() for row in rows],
     ids=[f"{name}-{i}" for name, rows in FIELD_ROWS.items() for i in range(len(rows))],
 )
 def test_bad_field_value_is_refused(options: Dict[str, Any], error: Type[Exception], words: str) -> None:
@@ -161,7 +156,7 @@ def _run_flags() -> Dict[str, Tuple[str, ...]]:
 def test_every_flag_has_a_row() -> None:
     flags = _run_flags()
     refused = {flag for flag in flags if flag in cli.TORCHRUN_FLAGS and cli.TORCHRUN_FLAGS[flag][0] == cli.REFUSED}
-    assert FLAGS_WITHOUT_BAD_VALUE <= set(flags)
+    assert set(flags) >= FLAGS_WITHOUT_BAD_VALUE
     assert set(FLAG_ROWS) == set(flags) - FLAGS_WITHOUT_BAD_VALUE - refused
 
 
@@ -173,7 +168,8 @@ def _exit_and_message(argv: List[str], capsys: pytest.CaptureFixture[str]) -> Tu
 
 
 @pytest.mark.parametrize(
-    "argv, words", [row for rows in FLAG_ROWS.values() for row in rows],
+    "argv, words",
+    [row for rows in FLAG_ROWS.values() for row in rows],
     ids=[f"{flag}-{i}" for flag, rows in FLAG_ROWS.items() for i in range(len(rows))],
 )
 def test_bad_flag_exits_2_before_ray(argv: List[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,8 +21,13 @@ from raydist.config.option import option_of
 
 # The flags that set no single option (torchrun's -n, --nnodes, ...), with their defaults.
 CLI_ONLY_DEFAULTS = {
-    "help": argparse.SUPPRESS, "nproc_per_node": (1, None), "nnodes": None, "module": False, "standalone": False,
-    "no_python": False, "run_path": False,
+    "help": argparse.SUPPRESS,
+    "nproc_per_node": (1, None),
+    "nnodes": None,
+    "module": False,
+    "standalone": False,
+    "no_python": False,
+    "run_path": False,
 }
 ACTION_OF = {None: "_StoreAction", "store_true": "_StoreTrueAction", "append": "_AppendAction"}
 
@@ -57,7 +62,9 @@ def test_messages_name_each_option_by_a_flag_the_parser_has() -> None:
     for option, flag in cli_options():
         assert flag.flag.startswith("--") and flag.flag in spellings, option.name
     assert {option.name: flag.flag for option, flag in cli_options() if not flag.generated} == {
-        "num_workers": "--nproc-per-node", "num_nodes": "--nnodes", "workers_per_node": "--nproc-per-node",
+        "num_workers": "--nproc-per-node",
+        "num_nodes": "--nnodes",
+        "workers_per_node": "--nproc-per-node",
     }
     assert cli.as_flags("env['RANK']: no; restart_to_grow needs; pg_timeout and timeout; flight_recorder") == (
         "--env['RANK']: no; --restart-to-grow needs; --pg-timeout and --timeout; --no-flight-recorder"
@@ -67,7 +74,9 @@ def test_messages_name_each_option_by_a_flag_the_parser_has() -> None:
 def test_only_policy_options_have_no_flag() -> None:
     # Set by `raydist run` itself, as torchrun behaves (or not useful from a shell).
     assert {f.name for f in dataclasses.fields(RunConfig) if option_of(f).flag is None} == {
-        "retry_on_exception", "init_process_group", "object_store_threshold",
+        "retry_on_exception",
+        "init_process_group",
+        "object_store_threshold",
     }
 
 
@@ -96,8 +105,11 @@ def config_of(argv: List[str]) -> RunConfig:
         (["--nnodes", "2"], {"num_workers": None, "num_nodes": 2, "workers_per_node": 1}),
         (
             ["--label-selector", "zone=in(a,b),pool=!spot", "--accelerator-type", "H100", "--exclude-nodes", "10.0.0.5,7da0617f45cb"],
-            {"label_selector": {"zone": "in(a,b)", "pool": "!spot"}, "accelerator_type": "H100",
-             "exclude_nodes": ("10.0.0.5", "7da0617f45cb")},
+            {
+                "label_selector": {"zone": "in(a,b)", "pool": "!spot"},
+                "accelerator_type": "H100",
+                "exclude_nodes": ("10.0.0.5", "7da0617f45cb"),
+            },
         ),
         (
             ["--numa-binding", "core-complex", "--virtual-local-rank", "--role", "trainer", "--monitor-interval", "0.5"],
@@ -115,9 +127,15 @@ def config_of(argv: List[str]) -> RunConfig:
         ),
         (["--preemption-signal", "none"], {"preemption_signal": None}),
         (["--preemption-signal", "sigusr1"], {"preemption_signal": "SIGUSR1"}),
-        (["--log_dir", "logs", "-r", "3", "-t", "0:1,1:2", "--local_ranks_filter", "1,0"], {
-            "log_dir": "logs", "redirects": 3, "tee": {0: 1, 1: 2}, "local_ranks_filter": (0, 1),
-        }),
+        (
+            ["--log_dir", "logs", "-r", "3", "-t", "0:1,1:2", "--local_ranks_filter", "1,0"],
+            {
+                "log_dir": "logs",
+                "redirects": 3,
+                "tee": {0: 1, 1: 2},
+                "local_ranks_filter": (0, 1),
+            },
+        ),
         (["--address", "h:6379"], {"address": "h:6379"}),
         (
             ["--restart-mode", "WARM", "--spare-workers", "2", "--survivor-timeout", "3"],
@@ -164,7 +182,9 @@ def test_rejected_values_are_named_as_flags(argv: List[str], message: str) -> No
 
 def test_a_new_field_is_a_new_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     retries = Option(
-        2, check=lambda name, value: value, doc="retries per rank",
+        2,
+        check=lambda name, value: value,
+        doc="retries per rank",
         flag=cli_flag("--retries-per-rank", "--retries_per_rank", help="retries (default {default})", metavar="K"),
     )
 

@@ -94,9 +94,7 @@ def test_requires_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
 def write_plugin(root: Path, name: str, entry_code: str) -> None:
     """A pip-installed plugin as site-packages holds it: a module and its dist-info."""
     module = f"{name}_raydist_plugin"
-    (root / f"{module}.py").write_text(
-        "from raydist.core.backend import BackendEntry\n" + textwrap.dedent(entry_code)
-    )
+    (root / f"{module}.py").write_text("from raydist.core.backend import BackendEntry\n" + textwrap.dedent(entry_code))
     info = root / f"{module}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
@@ -219,7 +217,7 @@ def test_config_imports_only_the_core() -> None:
         assert not outside, path.name
 
 
-FAKE_BACKEND = '''
+FAKE_BACKEND = """
 from raydist.core.backend import Backend
 from raydist.core.environment import WorldInfo
 
@@ -252,7 +250,7 @@ class FakeBackend(Backend):
 
     def shutdown(self):
         built.append("shutdown")
-'''
+"""
 
 
 @pytest.mark.parametrize("flag", [False, True], ids=["backend='horovod'", "horovod=True"])
@@ -268,8 +266,10 @@ def test_init_distributed_builds_the_entry_by_name(flag: bool, tmp_path: Path, m
     fake = __import__("fake_raydist_backend")
     assert initialize._context is None
     try:
-        info = raydist.init_distributed(device="cpu", horovod=True) if flag else raydist.init_distributed(
-            device="cpu", backend="horovod", dist_url="tcp://x:1"
+        info = (
+            raydist.init_distributed(device="cpu", horovod=True)
+            if flag
+            else raydist.init_distributed(device="cpu", backend="horovod", dist_url="tcp://x:1")
         )
         assert info.backend == "fake" and info.horovod and info.distributed
         assert fake.built == [(None, None if flag else "tcp://x:1", None)]  # the entry's own name is not passed on

@@ -22,9 +22,7 @@ from raydist.core import devices
 pytestmark = pytest.mark.timeout(120)
 
 
-def fake_device_module(
-    name: str, available: bool = True, count: int = 2, calls: Optional[List[Any]] = None
-) -> types.ModuleType:
+def fake_device_module(name: str, available: bool = True, count: int = 2, calls: Optional[List[Any]] = None) -> types.ModuleType:
     """A stand-in for ``torch.npu`` / ``torch.hpu`` that records set_device calls."""
     module = types.ModuleType(f"torch.{name}")
     module.is_available = lambda: available  # type: ignore[attr-defined]
@@ -133,10 +131,7 @@ def test_npu_extension_is_imported_first(monkeypatch: pytest.MonkeyPatch, tmp_pa
     package = tmp_path / "torch_npu"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "import types, torch\n"
-        "npu = types.ModuleType('torch.npu')\n"
-        "npu.is_available = lambda: True\n"
-        "torch.npu = npu\n"
+        "import types, torch\nnpu = types.ModuleType('torch.npu')\nnpu.is_available = lambda: True\ntorch.npu = npu\n"
     )
     monkeypatch.delitem(sys.modules, "torch_npu")  # uninstall the fixture's blocker; restored after
     monkeypatch.syspath_prepend(str(tmp_path))

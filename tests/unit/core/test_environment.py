@@ -27,7 +27,7 @@ from raydist.core.environment import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from core_launch import clear_launcher_vars  # noqa: E402
+from core_launch import clear_launcher_vars
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -369,4 +369,3 @@ def test_torchrun_env_base_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatc
 def test_torchrun_env_invalid_layout(change: Dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         torchrun_env(**dict(LAYOUT, **change), base_env={})
-

@@ -34,8 +34,14 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> List[Dict[str, Any]]:
 
     monkeypatch.setattr(dist, "init_process_group", record)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+    for name, value in {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv(DEVICE_INDEX_VAR, raising=False)
     monkeypatch.setattr(initialize, "_context", None)

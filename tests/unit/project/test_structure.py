@@ -24,9 +24,7 @@ MODULES: Dict[str, ast.Module] = {module_name(p): ast.parse(p.read_text()) for p
 
 def _type_checking(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def imports(tree: ast.AST, top_level_only: bool, type_checking: bool = False) -> Iterator[str]:
@@ -76,8 +74,11 @@ def test_ray_stays_out_of_the_core_backends_config_and_rules() -> None:
     for name, tree in MODULES.items():
         if name.startswith(ray_free) and not name.endswith(".driver"):  # a backend's driver half may use Ray
             for node in ast.walk(tree):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                )
                 assert not any(n == "ray" or n.startswith("ray.") for n in names), name
 
 
@@ -90,7 +91,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()
@@ -143,6 +144,9 @@ MAX_MODULE_LINES = 400
 
 
 def test_no_module_outgrows_its_limit() -> None:
-    too_long = [f"{path.relative_to(PACKAGE.parent)}: {lines} lines" for path in sorted(PACKAGE.rglob("*.py"))
-                if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    too_long = [
+        f"{path.relative_to(PACKAGE.parent)}: {lines} lines"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
     assert too_long == []

@@ -6,7 +6,6 @@ in tests/live/test_script_endings.py)."""
 from __future__ import annotations
 
 import io
-import re
 import signal
 
 import pytest

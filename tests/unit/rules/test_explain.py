@@ -10,7 +10,6 @@ import pytest
 from raydist.pool.rules.explain import explain_death, format_stacks, summarize_stack
 from raydist.pool.rules.text import ranks_text
 
-
 RAY_TEXT = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
 
 
@@ -40,7 +39,7 @@ def test_ranks_text_folds_spans() -> None:
 
 
 WORKER = os.path.join("site-packages", "raydist", "pool", "worker", "actor.py")
-DUMP_IN_BARRIER = f'''Thread 0x00007f0000000001 (most recent call first):
+DUMP_IN_BARRIER = f"""Thread 0x00007f0000000001 (most recent call first):
   File "/x/threading.py", line 320 in wait
   File "/x/site-packages/ray/_private/worker.py", line 900 in other
 
@@ -49,12 +48,12 @@ Current thread 0x00007f0000000002 (most recent call first):
   File "/home/me/train.py", line 88 in step
   File "/x/{WORKER}", line 172 in execute
   File "/x/site-packages/ray/_private/function_manager.py", line 740 in actor_method_executor
-'''
-DUMP_IN_USER_CODE = f'''Current thread 0x00007f0000000002 (most recent call first):
+"""
+DUMP_IN_USER_CODE = f"""Current thread 0x00007f0000000002 (most recent call first):
   File "/home/me/train.py", line 12 in load_batch
   File "/home/me/train.py", line 90 in step
   File "/x/{WORKER}", line 172 in execute
-'''
+"""
 
 
 def test_summarize_finds_the_call_and_the_user_line() -> None:

@@ -8,7 +8,9 @@ from raydist.pool.records import CollectiveEntry
 from raydist.pool.rules.hangs import first_mismatch, needs_attribution, rank_state, where_collectives_are
 
 
-def entry(seq: int, op: str = "all_reduce", done: bool = True, shape: Sequence[int] = (1,), dtype: str = "float32", group: str = "0") -> CollectiveEntry:
+def entry(
+    seq: int, op: str = "all_reduce", done: bool = True, shape: Sequence[int] = (1,), dtype: str = "float32", group: str = "0"
+) -> CollectiveEntry:
     return CollectiveEntry(group, seq, op, (tuple(shape),), (dtype,), seq * 1_000_000, done)
 
 
@@ -21,10 +23,7 @@ def test_a_rank_that_skipped_a_collective_is_named_with_both_sequence_numbers() 
     recorders: Dict[int, Optional[List[CollectiveEntry]]] = {r: steps(6, waiting=True) for r in (0, 1, 3)}
     recorders[2] = steps(5)
     text = where_collectives_are(recorders)
-    assert text == (
-        "ranks 0-1, 3: waiting in all_reduce #6 (float32 [1]); "
-        "rank 2: last completed all_reduce #5, not in a collective"
-    )
+    assert text == ("ranks 0-1, 3: waiting in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective")
 
 
 def test_a_different_op_at_the_same_sequence_number_is_a_mismatch() -> None:
@@ -71,7 +70,11 @@ def test_attribution_is_wanted_only_for_a_rank_stuck_in_a_collective() -> None:
 def test_ranks_whose_collective_raised_are_said_to_have_failed_in_it() -> None:
     from raydist.pool.rules.hangs import mark_failed
 
-    recorders: Dict[int, Optional[List[CollectiveEntry]]] = {0: list(mark_failed(steps(6, waiting=True))), 1: list(mark_failed(steps(6))), 2: steps(5)}
+    recorders: Dict[int, Optional[List[CollectiveEntry]]] = {
+        0: list(mark_failed(steps(6, waiting=True))),
+        1: list(mark_failed(steps(6))),
+        2: steps(5),
+    }
     assert where_collectives_are(recorders) == (
         "ranks 0-1: failed in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
     )

@@ -17,8 +17,9 @@ DRIVER = "node-a"
 def placed(*workers: Tuple[str, Sequence[str]]) -> List[Placement]:
     """Placements in actor order: (node id, device ids Ray gave the worker)."""
     return [
-        Placement(index=i, node_id=node, node_ip=f"10.0.0.{ord(node[-1]) - 96}", pid=100 + i,
-                  accelerator_ids=tuple(ids), free_port=20000 + i)
+        Placement(
+            index=i, node_id=node, node_ip=f"10.0.0.{ord(node[-1]) - 96}", pid=100 + i, accelerator_ids=tuple(ids), free_port=20000 + i
+        )
         for i, (node, ids) in enumerate(workers)
     ]
 
@@ -74,7 +75,9 @@ def test_ids_sort_as_numbers() -> None:
 def test_cpu_only_workers_have_no_device() -> None:
     workers = assign_ranks(placed(("node-a", []), ("node-a", []), ("node-a", [])), DRIVER)
     assert [(w.rank, w.local_rank, w.visible_device_ids, w.device_index) for w in workers] == [
-        (0, 0, (), None), (1, 1, (), None), (2, 2, (), None),
+        (0, 0, (), None),
+        (1, 1, (), None),
+        (2, 2, (), None),
     ]
     assert [w.actor_index for w in workers] == [0, 1, 2]  # stable: actor order
 
@@ -111,7 +114,6 @@ def test_every_worker_device_index_points_at_its_own_first_device(driver: object
         assert list(worker.visible_device_ids) == union
 
 
-
 def test_a_restart_keeps_the_surviving_nodes_in_their_order() -> None:
     # The last attempt ran on a (driver), b, c; b left and d joined.
     workers = assign_ranks(
@@ -120,5 +122,8 @@ def test_a_restart_keeps_the_surviving_nodes_in_their_order() -> None:
         node_order=["node-a", "node-b", "node-c"],
     )
     assert [(w.node_id, w.node_rank) for w in workers] == [
-        ("node-a", 0), ("node-c", 1), ("node-c", 1), ("node-d", 2),
+        ("node-a", 0),
+        ("node-c", 1),
+        ("node-c", 1),
+        ("node-d", 2),
     ]

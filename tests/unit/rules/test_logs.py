@@ -85,7 +85,10 @@ def test_routes_match_torchrun(redirects: str, tee: str, shown: Optional[Set[int
     config = RunConfig(redirects=redirects, tee=tee, local_ranks_filter=shown)
     for rank in range(nprocs):
         route = rank_route(config, rank, rank, os.path.join(attempt_dir, str(rank)), None)
-        for stream, files, tees in ((route.stdout, torch_dest.stdouts, torch_dest.tee_stdouts), (route.stderr, torch_dest.stderrs, torch_dest.tee_stderrs)):
+        for stream, files, tees in (
+            (route.stdout, torch_dest.stdouts, torch_dest.tee_stdouts),
+            (route.stderr, torch_dest.stderrs, torch_dest.tee_stderrs),
+        ):
             torch_file = files[rank] if files[rank] not in ("", os.devnull) else None
             assert stream.file == torch_file, (rank, stream)
             assert stream.console == (files[rank] == "" or rank in tees), (rank, stream)
@@ -106,9 +109,19 @@ def test_prefix_template_and_default_prefix() -> None:
 
 def worker(rank: int, local_rank: int) -> WorkerInfo:
     return WorkerInfo(
-        rank=rank, world_size=2, local_rank=local_rank, local_world_size=1, node_rank=rank, num_nodes=2,
-        node_id=f"node{rank}", node_ip=f"10.0.0.{rank}", pid=100 + rank, device_ids=(), visible_device_ids=(),
-        device_index=None, actor_index=rank,
+        rank=rank,
+        world_size=2,
+        local_rank=local_rank,
+        local_world_size=1,
+        node_rank=rank,
+        num_nodes=2,
+        node_id=f"node{rank}",
+        node_ip=f"10.0.0.{rank}",
+        pid=100 + rank,
+        device_ids=(),
+        visible_device_ids=(),
+        device_index=None,
+        actor_index=rank,
     )
 
 

@@ -40,10 +40,18 @@ THREE = [node(A, 4, zone="a"), node(B, 4, "10.0.0.2", zone="a"), node(C, 4, "10.
 @pytest.mark.parametrize(
     "value, condition, matches",
     [
-        ("a", "a", True), ("b", "a", False), (None, "a", False),
-        ("a", "!a", False), ("b", "!a", True), (None, "!a", True),
-        ("b", "in(a,b)", True), ("c", "in(a,b)", False), (None, "in(a,b)", False),
-        ("b", "!in(a,b)", False), ("c", "!in(a,b)", True), (None, "!in(a,b)", True),
+        ("a", "a", True),
+        ("b", "a", False),
+        (None, "a", False),
+        ("a", "!a", False),
+        ("b", "!a", True),
+        (None, "!a", True),
+        ("b", "in(a,b)", True),
+        ("c", "in(a,b)", False),
+        (None, "in(a,b)", False),
+        ("b", "!in(a,b)", False),
+        ("c", "!in(a,b)", True),
+        (None, "!in(a,b)", True),
     ],
 )
 def test_label_conditions_follow_rays_forms(value: Optional[str], condition: str, matches: bool) -> None:
@@ -109,7 +117,9 @@ def test_the_request_under_num_nodes_is_one_strict_spread_bundle_per_node() -> N
     assert (request.node_layout, request.per_bundle, request.sizes, request.strategy) == (True, 3, (2, 3), "STRICT_SPREAD")
     assert request.bundle == {"CPU": 3.0}
     assert request.infeasibility(THREE) is None
-    assert "only 2 of the 2 node(s) that match" in (placement_request(config.replace(num_nodes=3), {"CPU": 1.0}, (9, 9)).infeasibility(THREE) or "")
+    assert "only 2 of the 2 node(s) that match" in (
+        placement_request(config.replace(num_nodes=3), {"CPU": 1.0}, (9, 9)).infeasibility(THREE) or ""
+    )
     free = {A: {"CPU": 4.0}, B: {"CPU": 2.0}, C: {"CPU": 4.0}}
     assert request.room(free, THREE) == 1  # B has room for 2 only; C does not match
     assert request.room(free, THREE, taken=[A]) == 0  # never a second bundle on a node the group holds
@@ -141,15 +151,26 @@ def test_assigned_ranks_keep_the_layout_and_a_broken_one_is_named() -> None:
 
 def worker(device_ids: tuple, visible: tuple, local_rank: int) -> WorkerInfo:
     return WorkerInfo(
-        rank=local_rank, world_size=2, local_rank=local_rank, local_world_size=2, node_rank=0, num_nodes=1,
-        node_id=A, node_ip="10.0.0.1", pid=1, device_ids=device_ids, visible_device_ids=visible,
-        device_index=visible.index(device_ids[0]), actor_index=local_rank,
+        rank=local_rank,
+        world_size=2,
+        local_rank=local_rank,
+        local_world_size=2,
+        node_rank=0,
+        num_nodes=1,
+        node_id=A,
+        node_ip="10.0.0.1",
+        pid=1,
+        device_ids=device_ids,
+        visible_device_ids=visible,
+        device_index=visible.index(device_ids[0]),
+        actor_index=local_rank,
     )
 
 
 def env_of(info: WorkerInfo, config: RunConfig) -> Dict[str, str]:
-    return worker_env(info, master_addr="h", master_port=1, run_id="r", restart_count=0, config=config,
-                      accelerator=BY_NAME["gpu"], cpus=1, extra={})
+    return worker_env(
+        info, master_addr="h", master_port=1, run_id="r", restart_count=0, config=config, accelerator=BY_NAME["gpu"], cpus=1, extra={}
+    )
 
 
 def test_virtual_local_rank_shows_each_worker_only_its_own_device() -> None:
@@ -185,8 +206,13 @@ def test_bad_layout_and_selection_options_are_named(options: Dict[str, object], 
 
 
 def test_layout_options_normalise() -> None:
-    config = RunConfig(num_nodes=(2, 2), workers_per_node=3, label_selector="zone=in( a , b ),pool=!spot",  # type: ignore[arg-type]
-                       exclude_nodes="10.0.0.5, ABCDEF0123", numa_binding="Core-Complex")  # type: ignore[arg-type]
+    config = RunConfig(
+        num_nodes=(2, 2),
+        workers_per_node=3,
+        label_selector="zone=in( a , b ),pool=!spot",  # type: ignore[arg-type]
+        exclude_nodes="10.0.0.5, ABCDEF0123",
+        numa_binding="Core-Complex",
+    )  # type: ignore[arg-type]
     assert (config.num_nodes, config.worker_range, config.elastic) == (2, (6, 6), False)
     assert config.label_selector == {"zone": "in(a,b)", "pool": "!spot"}
     assert config.exclude_nodes == ("10.0.0.5", "abcdef0123")

@@ -8,12 +8,11 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from raydist.config import RunConfig
-from raydist.pool.records import Placement, WorkerInfo
+from raydist.pool.records import ClusterNode, Placement, WorkerInfo
 from raydist.pool.rules.layout import assign_ranks
 from raydist.pool.rules.restart_plan import RestartPlan, Seat, plan_restart, restart_summary
 from raydist.pool.rules.sizing import infeasibility
 from raydist.pool.worker.connections import find_free_port
-from raydist.pool.records import ClusterNode
 
 
 def world(nodes: Sequence[Tuple[str, int]]) -> List[WorkerInfo]:
@@ -29,8 +28,13 @@ def world(nodes: Sequence[Tuple[str, int]]) -> List[WorkerInfo]:
 def test_a_crash_is_replaced_in_its_own_bundle_and_the_rest_stay() -> None:
     workers = world([("a", 2), ("b", 2)])
     plan = plan_restart(
-        workers, dead={1}, stuck=(), leaving_nodes=(), spares=(),
-        free_seats=[Seat(1, "a")], sizes=(4, 4),
+        workers,
+        dead={1},
+        stuck=(),
+        leaving_nodes=(),
+        spares=(),
+        free_seats=[Seat(1, "a")],
+        sizes=(4, 4),
     )
     assert plan == RestartPlan(kept=(0, 2, 3), spares=(), fresh=(Seat(1, "a"),), killed=(), size=4, node_order=("a", "b"))
 
@@ -38,8 +42,13 @@ def test_a_crash_is_replaced_in_its_own_bundle_and_the_rest_stay() -> None:
 def test_a_ready_spare_goes_before_a_fresh_process() -> None:
     workers = world([("a", 2), ("b", 2)])
     plan = plan_restart(
-        workers, dead={1}, stuck=(), leaving_nodes=(), spares=[Seat(4, "c")],
-        free_seats=[Seat(1, "a")], sizes=(4, 4),
+        workers,
+        dead={1},
+        stuck=(),
+        leaving_nodes=(),
+        spares=[Seat(4, "c")],
+        free_seats=[Seat(1, "a")],
+        sizes=(4, 4),
     )
     assert (plan.kept, plan.spares, plan.fresh, plan.size) == ((0, 2, 3), (0,), (), 4)
 
@@ -47,7 +56,13 @@ def test_a_ready_spare_goes_before_a_fresh_process() -> None:
 def test_node_loss_shrinks_an_elastic_world_and_keeps_the_node_order() -> None:
     workers = world([("a", 2), ("b", 2), ("c", 2)])
     plan = plan_restart(
-        workers, dead={2, 3}, stuck=(), leaving_nodes={"b"}, spares=(), free_seats=(), sizes=(2, 6),
+        workers,
+        dead={2, 3},
+        stuck=(),
+        leaving_nodes={"b"},
+        spares=(),
+        free_seats=(),
+        sizes=(2, 6),
     )
     assert (plan.kept, plan.fresh, plan.size, plan.node_order) == ((0, 1, 4, 5), (), 4, ("a", "c"))
     assert not plan.missing
@@ -56,8 +71,13 @@ def test_node_loss_shrinks_an_elastic_world_and_keeps_the_node_order() -> None:
 def test_spares_on_other_nodes_keep_the_size_after_a_node_loss() -> None:
     workers = world([("a", 2), ("b", 2)])
     plan = plan_restart(
-        workers, dead={2, 3}, stuck=(), leaving_nodes={"b"}, spares=[Seat(4, "c"), Seat(5, "c"), Seat(6, "b")],
-        free_seats=(), sizes=(2, 4),
+        workers,
+        dead={2, 3},
+        stuck=(),
+        leaving_nodes={"b"},
+        spares=[Seat(4, "c"), Seat(5, "c"), Seat(6, "b")],
+        free_seats=(),
+        sizes=(2, 4),
     )
     assert (plan.kept, plan.spares, plan.size) == ((0, 1), (0, 1), 4)  # the spare on the lost node is not offered
 
@@ -65,8 +85,13 @@ def test_spares_on_other_nodes_keep_the_size_after_a_node_loss() -> None:
 def test_a_stuck_survivor_is_killed_and_replaced() -> None:
     workers = world([("a", 4)])
     plan = plan_restart(
-        workers, dead={3}, stuck={1}, leaving_nodes=(), spares=(),
-        free_seats=[Seat(1, "a"), Seat(3, "a")], sizes=(4, 4),
+        workers,
+        dead={3},
+        stuck={1},
+        leaving_nodes=(),
+        spares=(),
+        free_seats=[Seat(1, "a"), Seat(3, "a")],
+        sizes=(4, 4),
     )
     assert (plan.kept, plan.killed, plan.fresh, plan.size) == ((0, 2), (1,), (Seat(1, "a"), Seat(3, "a")), 4)
 
@@ -94,7 +119,9 @@ def test_the_summary_says_what_was_kept_replaced_and_killed() -> None:
     workers = world([("a", 4)])
     plan = RestartPlan(kept=(0, 2), spares=(0,), fresh=(Seat(3, "a"),), killed=(1,), size=4, node_order=("a",))
     line = restart_summary(plan, workers, 4, 4, 0.84, 10.0)
-    assert line.startswith("raydist: warm restart: world size 4 (was 4): 2 rank(s) kept their process, 2 replaced (1 from a spare, 1 fresh)")
+    assert line.startswith(
+        "raydist: warm restart: world size 4 (was 4): 2 rank(s) kept their process, 2 replaced (1 from a spare, 1 fresh)"
+    )
     assert "rank 1 killed and replaced: rank 1 (node a, pid 101) had not returned 10 s after the failure" in line
     assert line.endswith("every rank initialised 0.84 s after the failure")
     assert "fresh processes" in restart_summary(None, [], 4, 4, 6.5, 10.0)

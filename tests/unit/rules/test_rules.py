@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from raydist.config import RunConfig, reserved_env_vars
-from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.core.accelerators import BY_NAME, CPU
+from raydist.core.environment import USER_DEFAULT_VARS
 from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import PHASE_TRANSITIONS, CallEnd, ClusterNode, GroupPhase, Outcome, WorkerInfo, check_transition
@@ -31,16 +31,34 @@ def node(name: str, **resources: float) -> ClusterNode:
 
 def worker(rank: int, node_id: str = "a" * 16, world: int = 2) -> WorkerInfo:
     return WorkerInfo(
-        rank=rank, world_size=world, local_rank=rank, local_world_size=world, node_rank=0, num_nodes=1,
-        node_id=node_id, node_ip="10.0.0.1", pid=100 + rank, device_ids=(), visible_device_ids=(),
-        device_index=None, actor_index=rank,
+        rank=rank,
+        world_size=world,
+        local_rank=rank,
+        local_world_size=world,
+        node_rank=0,
+        num_nodes=1,
+        node_id=node_id,
+        node_ip="10.0.0.1",
+        pid=100 + rank,
+        device_ids=(),
+        visible_device_ids=(),
+        device_index=None,
+        actor_index=rank,
     )
 
 
-def failure(rank: int, *, died: Optional[str] = None, traceback: Optional[str] = None, at: float = 1.0,
-            node_id: str = "a" * 16, exit_code: Optional[int] = None) -> WorkerFailure:
-    return WorkerFailure(rank=rank, node_id=node_id, node_ip="10.0.0.1", pid=100 + rank, timestamp=at,
-                         traceback=traceback, died=died, exit_code=exit_code)
+def failure(
+    rank: int,
+    *,
+    died: Optional[str] = None,
+    traceback: Optional[str] = None,
+    at: float = 1.0,
+    node_id: str = "a" * 16,
+    exit_code: Optional[int] = None,
+) -> WorkerFailure:
+    return WorkerFailure(
+        rank=rank, node_id=node_id, node_ip="10.0.0.1", pid=100 + rank, timestamp=at, traceback=traceback, died=died, exit_code=exit_code
+    )
 
 
 # -- sizing and feasibility ------------------------------------------------------
@@ -137,7 +155,9 @@ RESTART_TABLE = [
 
 @pytest.mark.parametrize("end, how, plain, retrying", RESTART_TABLE)
 def test_the_restart_policy_for_every_way_a_call_ends(end: CallEnd, how: str, plain: Optional[str], retrying: Optional[str]) -> None:
-    one = failure(0, **({"traceback": "boom"} if how == "traceback" else {"died": NODE_LOST_TEXT if end is CallEnd.NODE_LOST else "killed"}))
+    one = failure(
+        0, **({"traceback": "boom"} if how == "traceback" else {"died": NODE_LOST_TEXT if end is CallEnd.NODE_LOST else "killed"})
+    )
     for retry, expected in ((False, plain), (True, retrying)):
         error = group_error(end, one, preempted=(one.node_id,) if end is CallEnd.DRAINED else ())
         decision = decide_restart(error, retry_on_exception=retry, restarts_left=1)
@@ -153,9 +173,15 @@ def test_phases_move_only_along_the_table() -> None:
     for _ in GroupPhase:
         reachable |= {to for (frm, to) in PHASE_TRANSITIONS if frm in reachable}
     assert reachable == set(GroupPhase)  # every phase can be reached, CLOSED from every other
-    assert all((phase, GroupPhase.SHUTTING_DOWN) in PHASE_TRANSITIONS for phase in GroupPhase if phase.value not in ("shutting down", "closed"))
+    assert all(
+        (phase, GroupPhase.SHUTTING_DOWN) in PHASE_TRANSITIONS for phase in GroupPhase if phase.value not in ("shutting down", "closed")
+    )
     check_transition(GroupPhase.RESTARTING, GroupPhase.RUNNING)
-    for bad in [(GroupPhase.CLOSED, GroupPhase.RUNNING), (GroupPhase.SHUTTING_DOWN, GroupPhase.RESTARTING), (GroupPhase.STARTING, GroupPhase.RESTARTING)]:
+    for bad in [
+        (GroupPhase.CLOSED, GroupPhase.RUNNING),
+        (GroupPhase.SHUTTING_DOWN, GroupPhase.RESTARTING),
+        (GroupPhase.STARTING, GroupPhase.RESTARTING),
+    ]:
         with pytest.raises(RuntimeError, match="cannot go from"):
             check_transition(*bad)
 
@@ -247,8 +273,9 @@ def test_a_failure_summary_is_the_cause_not_the_last_printed_line() -> None:
 
 def test_the_report_groups_identical_failures_and_marks_the_root_cause() -> None:
     same = "Traceback ...\nRuntimeError: peer gone\n"
-    error = WorkerGroupError([failure(2, traceback=same, at=3.0), failure(0, died="killed by SIGKILL", at=5.0),
-                              failure(1, traceback=same, at=2.0)])
+    error = WorkerGroupError(
+        [failure(2, traceback=same, at=3.0), failure(0, died="killed by SIGKILL", at=5.0), failure(1, traceback=same, at=2.0)]
+    )
     message = str(error)
     assert error.root_cause.rank == 0  # a death wins over the peers' errors
     assert error.failed_ranks == [0, 1, 2]
@@ -281,10 +308,24 @@ def test_forwarded_lines_are_split_from_markers_and_rays_tqdm_lines() -> None:
 def test_a_ranks_environment_is_torchruns_plus_devices_then_the_users() -> None:
     info = dataclasses.replace(worker(1), device_ids=("3",), visible_device_ids=("2", "3"), device_index=1)
     config = RunConfig(num_workers=2, env={"MY_FLAG": "1"}, max_restarts=2)
-    env = worker_env(info, master_addr="10.0.0.9", master_port=29511, run_id="run", restart_count=1, config=config,
-                     accelerator=GPU, cpus=4.0, extra={"EXTRA": "x"})
+    env = worker_env(
+        info,
+        master_addr="10.0.0.9",
+        master_port=29511,
+        run_id="run",
+        restart_count=1,
+        config=config,
+        accelerator=GPU,
+        cpus=4.0,
+        extra={"EXTRA": "x"},
+    )
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
-        "1", "1", "2", "10.0.0.9", "29511")
+        "1",
+        "1",
+        "2",
+        "10.0.0.9",
+        "29511",
+    )
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["RAYDIST_DEVICE_INDEX"] == "1"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
     assert env["OMP_NUM_THREADS"] == "4" and env["MY_FLAG"] == "1" and env["EXTRA"] == "x"
@@ -292,8 +333,18 @@ def test_a_ranks_environment_is_torchruns_plus_devices_then_the_users() -> None:
 
 def test_every_variable_the_launcher_sets_is_reserved_from_env() -> None:
     info = dataclasses.replace(worker(1), device_ids=("3",), visible_device_ids=("2", "3"), device_index=1)
-    env = worker_env(info, master_addr="h", master_port=1, run_id="r", restart_count=0, config=RunConfig(num_workers=2),
-                     accelerator=GPU, cpus=1.0, extra={}, error_file="/tmp/error.json")
+    env = worker_env(
+        info,
+        master_addr="h",
+        master_port=1,
+        run_id="r",
+        restart_count=0,
+        config=RunConfig(num_workers=2),
+        accelerator=GPU,
+        cpus=1.0,
+        extra={},
+        error_file="/tmp/error.json",
+    )
     names, prefixes = reserved_env_vars()
     kept = {*USER_DEFAULT_VARS, RECORDER_BUFFER_VAR}  # defaults that keep a value the user set
     assert [name for name in env if name not in kept and name not in names and not name.startswith(prefixes)] == []

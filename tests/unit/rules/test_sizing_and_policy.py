@@ -25,7 +25,5 @@ def test_elastic_size_is_what_fits_between_min_and_max() -> None:
 
 def test_restart_line_says_why_and_how_many() -> None:
     line = restart_line(RestartReason("node lost", "rank 3 on node abc: its node died", True), 6, 1, 2, 1)
-    assert line == (
-        "raydist: node lost: rank 3 on node abc: its node died; world size was 6; starting attempt 1 (restart 1 of 2)"
-    )
+    assert line == ("raydist: node lost: rank 3 on node abc: its node died; world size was 6; starting attempt 1 (restart 1 of 2)")
     assert "not counted against max_restarts" in restart_line(RestartReason("preemption", "x", False), 6, 1, 0, 0)

@@ -16,7 +16,9 @@ def record(ranks: int, steps: int, late_ns: Dict[int, int], jitter_ns: int = 0, 
     rng = random.Random(seed)
     return {
         rank: [
-            CollectiveEntry("0", seq, "all_reduce", ((1,),), ("float32",), seq * STEP_NS + late_ns.get(rank, 0) + rng.randint(0, jitter_ns), True)
+            CollectiveEntry(
+                "0", seq, "all_reduce", ((1,),), ("float32",), seq * STEP_NS + late_ns.get(rank, 0) + rng.randint(0, jitter_ns), True
+            )
             for seq in range(1, steps + 1)
         ]
         for rank in range(ranks)
@@ -28,7 +30,10 @@ def test_a_rank_50_ms_late_every_step_is_named() -> None:
     assert [s.rank for s in found] == [1]
     assert 0.045 < found[0].late_s < 0.055
     assert found[0].collectives == 20 and found[0].last_seq == 20
-    assert found[0].line("node ab12 (10.0.0.2)") == "rank 1 on node ab12 (10.0.0.2) reaches collectives 50 ms after the others, over the last 20 collectives"
+    assert (
+        found[0].line("node ab12 (10.0.0.2)")
+        == "rank 1 on node ab12 (10.0.0.2) reaches collectives 50 ms after the others, over the last 20 collectives"
+    )
 
 
 def test_named_from_a_few_steps_but_not_from_fewer() -> None:
