@@ -156,7 +156,7 @@ def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
 
 
 def split_for_world(
-    world: Optional[World], data: Optional[CallData], held: Mapping[str, Any], attach: Callable[[str, OpenSplits], None]
+    world: Optional[World], data: Optional[CallData], held: Callable[[], Mapping[str, Any]], attach: Callable[[str, OpenSplits], None]
 ) -> Optional[WorldSplit]:
     """Under the group's phase lock: ``data`` split for ``world``, kept with
     that world (its open splits stop when it ends); None without data."""
@@ -164,7 +164,7 @@ def split_for_world(
         return None
     splits = world.attached.get(DATASETS)
     if not isinstance(splits, OpenSplits):
-        warn_without_cpus(held, world.size)  # once per world
+        warn_without_cpus(held(), world.size)  # once per world
         splits = OpenSplits()
         attach(DATASETS, splits)
     return splits.open(data, world.workers, world.actors)

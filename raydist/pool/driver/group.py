@@ -307,7 +307,7 @@ def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tup
         # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
         group._life.changed.wait_for(lambda: group._life.phase is not GroupPhase.RESTARTING)
         group._check_usable()
-        split = split_for_world(group._world, data, group.held_resources, partial(attach, group))  # queued before the call
+        split = split_for_world(group._world, data, lambda: group.held_resources, partial(attach, group))  # queued before the call
         world = group._world
         assert world is not None
         sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
