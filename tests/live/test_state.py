@@ -205,12 +205,13 @@ def save_big(saves: int, megabytes: int) -> Dict[str, int]:
 
 
 def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -> None:
+    before = store_bytes()  # the shared Ray may hold other tests' objects
     results = raydist.run(save_big, args=(50, 100), num_workers=2)
     state = 100 * 2**20
     # Two places, at most two steps (the committed one and the one being written).
     assert 0 < results[0]["most"] <= 2 * 2 * state * 1.01
     assert_nothing_left(within=30)  # the keeper and its holders too
-    wait_for(lambda: store_bytes() == 0, 30, "the object store to be empty")
+    wait_for(lambda: store_bytes() <= before, 30, "the object store to hold no more than before the run")
 
 
 # -- a simulated 2-node cluster (ordered after the local Ray's tests) ----------------

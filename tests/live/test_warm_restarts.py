@@ -329,4 +329,5 @@ def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster:
     assert victim.node_id not in {r["node_id"] for r in results}
     assert {r["pid"] for r in results} <= first  # the same processes, none new
     assert results[0]["node_id"] == head  # the driver's node stays first
-    assert_nothing_left(within=30)  # a restart tears the old world down in the background
+    # The lost node's files stay on that machine until a worker next starts there (they are older than 30 s by then).
+    assert_nothing_left(within=30, files=False)  # a restart tears the old world down in the background
