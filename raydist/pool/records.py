@@ -98,6 +98,12 @@ class Outcome:
     def ok(self) -> bool:
         return self.traceback is None and self.exit_code is None
 
+    def to_send(self) -> Any:
+        """What travels back to the driver: a plain success as its bare value
+        (a warm call then pickles no wrapper), anything else as the Outcome."""
+        plain = self.ok and self.exception_type is None and self.collectives is None
+        return self.value if plain and not isinstance(self.value, Outcome) else self
+
 
 @dataclass(frozen=True)
 class ClusterNode:

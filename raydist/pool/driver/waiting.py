@@ -52,10 +52,17 @@ def wait_for_ranks(
     pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
     waited = Waited(results=[None] * len(refs))
     # Fast path: a short call is usually back on every rank within
-    # FAST_PATH_S; only then wait one at a time to spot failures early.
-    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
-    if len(ready) == len(refs):
-        _take(ready, pending, waited, workers, actors)
+    # FAST_PATH_S, all of it fetched in one round trip; otherwise (or when
+    # one rank failed) wait one at a time to spot failures early.
+    try:
+        waited.results = ray.get(list(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
+    except Exception:  # noqa: BLE001 - not back yet, or a rank failed: the careful path reads each
+        pass
+    else:
+        if not any(isinstance(value, Outcome) and not value.ok for value in waited.results):
+            waited.results = [value.value if isinstance(value, Outcome) else value for value in waited.results]
+            return waited
+        waited.results = [None] * len(refs)
     while pending and not waited.failures:
         _check_ray()
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -10,7 +11,7 @@ import tempfile
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, AbstractSet, Any, FrozenSet, Mapping, Optional
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, FrozenSet, Mapping, Optional
 
 import ray
 import ray.cloudpickle
@@ -81,6 +82,17 @@ def _raised_in_collective(error: BaseException) -> bool:
         files.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
     return any(os.path.join("torch", "distributed") in name for name in files[-3:])
+
+
+def _sent_compact(execute: Callable[[Any, bytes], Outcome]) -> Callable[[Any, bytes], Any]:
+    """A plain success goes back as its bare value (``Outcome.to_send``): the
+    driver reads either form."""
+
+    @functools.wraps(execute)
+    def run(self: Any, call: bytes) -> Any:
+        return execute(self, call).to_send()
+
+    return run
 
 
 class RayWorker:
@@ -162,6 +174,7 @@ class RayWorker:
         if why and spec.worker.local_rank == 0:
             print(why, file=sys.stderr, flush=True)
 
+    @_sent_compact
     @marks_output  # lets the driver wait for the lines this call printed
     def execute(self, call: bytes) -> Outcome:
         """Run ``fn(*args, **kwargs)`` pickled as one blob by the driver."""
