@@ -364,3 +364,21 @@ def test_the_watcher_warns_each_draining_node_once_and_stops_to_grow() -> None:
     growing = GroupWatcher(workers, lambda ranks, deadline: None, lambda: stopped.append(True), room=lambda: 2)
     growing.look({})
     assert stopped == [True] and growing.grow_by == 2
+
+
+@pytest.mark.parametrize(
+    ("outcome", "sent_bare"),
+    [
+        (Outcome(value={"loss": 1.0}), True),  # a plain success: only its value travels
+        (Outcome(), True),
+        (Outcome(value=Outcome(value=3)), False),  # a value that is itself an Outcome keeps its wrapper
+        (Outcome(exit_code=2, timestamp=1.0), False),
+        (Outcome(traceback="tb", exception_type="ValueError"), False),
+    ],
+)
+def test_only_a_plain_success_travels_without_its_outcome(outcome: Outcome, sent_bare: bool) -> None:
+    sent = outcome.to_send()
+    if sent_bare:
+        assert sent == outcome.value and not isinstance(sent, Outcome)
+    else:
+        assert sent is outcome
