@@ -6,6 +6,7 @@ behind (Ray's agents included)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,4 +123,7 @@ def test_sigint_at_any_moment_stops_the_run_and_everything_it_started(tmp_path: 
     script.write_text(LOOPING_SCRIPT)
     temp_dir = Path("/tmp") / f"rdi{os.getpid()}{int(moment * 10)}"  # short: Ray's socket paths are bounded
     temp_dir.mkdir(exist_ok=True)
-    interrupt_at(script, temp_dir, moment)
+    try:
+        interrupt_at(script, temp_dir, moment)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)  # the private Ray's session files
