@@ -10,6 +10,7 @@ from typing import Any, Tuple
 from raydist.config.flags import flag, none_word, parse_int, parse_seconds
 from raydist.config.option import Option
 from raydist.config.values import at_least, check_bool, check_seconds, choice, optional, type_name
+from raydist.core import state_fs
 
 # "warm": a restart keeps the surviving workers' processes; "fresh": every attempt in new processes.
 RESTART_MODES: Tuple[str, ...] = ("warm", "fresh")
@@ -217,26 +218,33 @@ SURVIVOR_TIMEOUT = Option(
 
 
 def check_state_dir(name: str, value: Any) -> str:
-    """A directory for committed save_state steps: a local path, not an existing file."""
+    """A directory for committed save_state steps: a local path (not an existing file)
+    or a filesystem URI whose scheme pyarrow or fsspec can open here (not contacted yet)."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a directory path, not {type_name(value)} {value!r}")
+        raise TypeError(f"{name} must be a directory path or URI, not {type_name(value)} {value!r}")
     path = os.fspath(value)
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"{name} must name a directory, got {value!r}")
-    if os.path.exists(path) and not os.path.isdir(path):
+    try:
+        location = state_fs.check_location(path)
+    except (ValueError, ImportError) as error:
+        raise type(error)(f"{name} {error}") from None
+    if state_fs.is_local(location) and os.path.isfile(state_fs.local_path(location)):
         raise ValueError(f"{name} {path!r} exists and is not a directory")
-    return os.path.abspath(path)
+    return location
 
 
 STATE_DIR = Option(
     None,
     check=optional(check_state_dir),
-    doc="a directory where committed ``save_state`` steps are also written (by the driver's node, "
-    "in the background); a new run resumes from the newest one there.",
+    doc="a directory or filesystem URI (``file://``, ``s3://``, ``gs://``, ...) where committed "
+    "``save_state`` steps are also written (by the driver's node, in the background); a new run "
+    "resumes from the newest one there.",
     flag=flag(
         "--state-dir",
-        metavar="DIR",
-        help="also write committed save_state steps to DIR (on the driver's machine) in the background, "
+        metavar="DIR|URI",
+        help="also write committed save_state steps to DIR (on the driver's machine) or a pyarrow/fsspec URI "
+        "(s3://bucket/path, gs://..., file:///dir) in the background, "
         "and resume from the newest one there when a new run starts; a step cut short is never loaded",
     ),
 )

@@ -5,19 +5,20 @@ the shared and the per-rank objects), ``shared.pt`` (what every rank holds
 the same) and ``rank_<5 digits>.pt`` per rank; each file is written under a
 temporary name and renamed when complete. ``COMMITTED`` is written last,
 once every part is there: a folder without it is a snapshot cut short, and
-is never loaded. Ray-free: used by a plain torchrun/python script and by
-the pool's keeper alike.
+is never loaded. ``root`` is a local path or a URI (``state_fs``: on an
+object store, with no rename, the marker alone commits). Ray-free: used by
+a plain torchrun/python script and by the pool's keeper alike.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
+
+from raydist.core.state_fs import open_location
 
 MARKER = "COMMITTED"
 META = "meta.json"
@@ -53,62 +54,66 @@ def rank_key(rank: int) -> str:
 
 
 def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, f"step_{step:012d}")
+    storage, base = open_location(root)
+    return storage.join(base, _step_name(step))
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """``data`` at ``path``, never seen half-written: a temporary name, then a rename."""
-    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+def _step_name(step: int) -> str:
+    return f"step_{step:012d}"
 
 
 def write_part(root: str, meta: SnapshotMeta, key: str, data: bytes) -> bool:
     """One part of ``meta.step``; commits the step when this made it complete
     (then keeps only the newest ``keep`` committed, see ``prune``). True: committed."""
-    folder = step_dir(root, meta.step)
-    os.makedirs(folder, exist_ok=True)
-    write_atomic(os.path.join(folder, META), meta.to_json().encode())
-    write_atomic(os.path.join(folder, f"{key}.pt"), data)
+    storage, base = open_location(root)
+    folder = storage.join(base, _step_name(meta.step))
+    storage.makedirs(folder)
+    storage.write(storage.join(folder, META), meta.to_json().encode())
+    storage.write(storage.join(folder, f"{key}.pt"), data)
     return commit_if_complete(root, meta)
 
 
 def commit_if_complete(root: str, meta: SnapshotMeta) -> bool:
     """Write the marker once every part is in place (any writer may see it complete first)."""
-    folder = step_dir(root, meta.step)
-    present = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    storage, base = open_location(root)
+    folder = storage.join(base, _step_name(meta.step))
+    present = set(storage.listdir(folder))
     if not all(f"{key}.pt" in present for key in meta.parts()):
         return False
-    write_atomic(os.path.join(folder, MARKER), b"")
+    storage.write(storage.join(folder, MARKER), b"")
     return True
 
 
 def write_snapshot(root: str, meta: SnapshotMeta, parts: Dict[str, bytes], keep: int) -> None:
-    """A whole step from one writer (the pool's keeper): a temporary folder
-    renamed into place once complete (replacing a cut-short one), then the older ones pruned."""
-    os.makedirs(root, exist_ok=True)
-    temporary = os.path.join(root, f".step_{meta.step:012d}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(temporary)
+    """A whole step from one writer (the pool's keeper), then the older ones pruned.
+    On a disk: a temporary folder renamed into place once complete (replacing a
+    cut-short one). On an object store (no rename): the step's folder emptied,
+    its marker first, then the parts and the marker written last."""
+    storage, base = open_location(root)
+    final = storage.join(base, _step_name(meta.step))
+    storage.makedirs(base)
+    folder = storage.join(base, f".{_step_name(meta.step)}.tmp-{uuid.uuid4().hex[:8]}") if storage.renames else final
+    if not storage.renames:
+        storage.remove(storage.join(final, MARKER))  # never a marker over a mix of two writes
+        storage.remove(final)
+    storage.makedirs(folder)
     for key, data in parts.items():
-        write_atomic(os.path.join(temporary, f"{key}.pt"), data)
-    write_atomic(os.path.join(temporary, META), meta.to_json().encode())
-    write_atomic(os.path.join(temporary, MARKER), b"")
-    shutil.rmtree(step_dir(root, meta.step), ignore_errors=True)
-    os.rename(temporary, step_dir(root, meta.step))
+        storage.write(storage.join(folder, f"{key}.pt"), data)
+    storage.write(storage.join(folder, META), meta.to_json().encode())
+    storage.write(storage.join(folder, MARKER), b"")
+    if storage.renames:
+        storage.remove(final)
+        storage.rename(folder, final)
     prune(root, keep)
 
 
 def committed_steps(root: str) -> List[int]:
     """The committed steps under ``root``, oldest first (a cut-short one is not listed)."""
-    if not os.path.isdir(root):
-        return []
+    storage, base = open_location(root)
     steps = []
-    for name in os.listdir(root):
+    for name in storage.listdir(base):
         match = _STEP_DIR.match(name)
-        if match and not match.group(2) and os.path.exists(os.path.join(root, name, MARKER)):
+        if match and not match.group(2) and storage.exists(storage.join(base, name, MARKER)):
             steps.append(int(match.group(1)))
     return sorted(steps)
 
@@ -118,13 +123,13 @@ def newest(root: str) -> Optional[SnapshotMeta]:
     steps = committed_steps(root)
     if not steps:
         return None
-    with open(os.path.join(step_dir(root, steps[-1]), META)) as file:
-        return SnapshotMeta.from_json(file.read())
+    storage, base = open_location(root)
+    return SnapshotMeta.from_json(storage.read(storage.join(base, _step_name(steps[-1]), META)).decode())
 
 
 def read_part(root: str, step: int, key: str) -> bytes:
-    with open(os.path.join(step_dir(root, step), f"{key}.pt"), "rb") as file:
-        return file.read()
+    storage, base = open_location(root)
+    return storage.read(storage.join(base, _step_name(step), f"{key}.pt"))
 
 
 def prune(root: str, keep: int) -> None:
@@ -133,8 +138,9 @@ def prune(root: str, keep: int) -> None:
     steps = committed_steps(root)
     if not steps:
         return
+    storage, base = open_location(root)
     kept = set(steps[-keep:])
-    for name in os.listdir(root):
+    for name in storage.listdir(base):
         match = _STEP_DIR.match(name)
         if match and int(match.group(1)) not in kept and int(match.group(1)) < steps[-1]:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            storage.remove(storage.join(base, name))

@@ -27,7 +27,7 @@ def train(
     marks: str = "",
     shared: bool = False,
 ) -> Dict[str, Any]:
-    """``steps`` steps of DDP; on attempt 0, rank ``crash_rank`` dies at the
+    """``steps`` steps of DDP (torch's DistributedDataParallel, gloo); on attempt 0, rank ``crash_rank`` dies at the
     start of step ``crash_at`` (or, with ``block_ranks``, those ranks mark the
     step in ``marks`` and block there until their node is removed)."""
     if not dist.is_initialized():
@@ -36,14 +36,15 @@ def train(
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    # Data parallel with one all_reduce per gradient: torch's DDP object does not
-    # reproduce its own sums bit for bit (two DDP objects resumed from the same
-    # state in one process differ in the last bit), so the test averages itself.
-    for parameter in model.parameters():
-        dist.broadcast(parameter.data, 0)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     kept = {"shared": ("model", "optimizer")} if shared else {}
     resumed = raydist.load_state(model=model, optimizer=optimizer)
+    # One bucket per parameter: DDP lays out its first step's single bucket in
+    # parameter order and rebuilds it in gradient-ready order after that step, so
+    # a resumed run's first step would sum the same gradients in another layout
+    # than the run without a failure (gloo's ring: last-bit differences).
+    # Per-parameter buckets are laid out alike in every step.
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb_list=[1e-6])
     for step in range(0 if resumed is None else resumed + 1, steps):
         if attempt == 0 and step == crash_at:
             if marks:
@@ -55,10 +56,7 @@ def train(
         generator = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(16, 8, generator=generator), torch.randn(16, 1, generator=generator)
         optimizer.zero_grad()
-        ((model(x) - y) ** 2).mean().backward()
-        for parameter in model.parameters():
-            dist.all_reduce(parameter.grad)
-            parameter.grad /= dist.get_world_size()
+        ((ddp(x) - y) ** 2).mean().backward()
         optimizer.step()
         raydist.save_state(step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -169,7 +169,8 @@ def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(refe
     cut.mkdir()
     (cut / "meta.json").write_text((newest / "meta.json").read_text().replace(f'"step": {CRASH_AT - 1}', f'"step": {CRASH_AT + 3}'))
     shutil.copy(newest / "rank_00000.pt", cut / "rank_00000.pt")
-    second = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=str(tmp_path))
+    # The same directory as a file:// URI (as any pyarrow / fsspec URI is given).
+    second = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=tmp_path.as_uri())
     assert [r["resumed"] for r in second] == [CRASH_AT - 1] * 4
     for mine, theirs in zip(second, reference):
         assert torch.equal(mine["weights"], theirs["weights"])

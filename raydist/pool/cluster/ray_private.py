@@ -134,6 +134,22 @@ def draining_nodes() -> Dict[str, float]:
     return {node_id: (deadline_ms / 1000.0 if deadline_ms else math.inf) for node_id, deadline_ms in drains.items()}
 
 
+def job_is_alive(job_id: str) -> bool:
+    """Whether the job (hex id) still has its driver: Ray marks it dead when the
+    driver process goes, however it went.
+
+    No public API reads a job's state without the dashboard (``ray.util.state``
+    needs it); the GCS job table says. True, with a warning, where it cannot
+    be read or does not list the job: never end what may still be in use.
+    """
+    try:
+        jobs = ray._private.state.jobs()
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("jobs", f"cannot read Ray's job table ({type(error).__name__}: {error}); a killed driver's state is kept")
+        return True
+    return not any(job["JobID"] == job_id and job["IsDead"] for job in jobs)
+
+
 def available_resources_per_node() -> Dict[str, Dict[str, float]]:
     """What is free on each alive node now (Ray's DeveloperAPI; no public
     per-node view). Falls back, with a warning, to each node's total."""

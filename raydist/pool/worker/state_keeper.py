@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydist.core import state_files
 from raydist.core.state_files import SnapshotMeta
 from raydist.pool.rules.commits import CommitLog, Locations
+from raydist.pool.worker.state_owner import watch_driver
 
 DURABLE = -1  # a location: the primary reads the part from state_dir
 
@@ -38,6 +39,7 @@ class StateKeeper:
         self._writer: Optional["asyncio.Task[None]"] = None
         if primary:
             self._holders = _start_holders()
+            watch_driver()  # detached: it must still end when a killed driver cannot release it
 
     # -- every holder ---------------------------------------------------------
 

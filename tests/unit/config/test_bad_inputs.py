@@ -74,7 +74,13 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "restart_mode": [({"restart_mode": "lukewarm"}, ValueError, "restart_mode")],
     "spare_workers": [({"spare_workers": -1}, ValueError, "spare_workers")],
     "survivor_timeout": [({"survivor_timeout": 0}, ValueError, "survivor_timeout")],
-    "state_dir": [({"state_dir": 3}, TypeError, "state_dir"), ({"state_dir": __file__}, ValueError, "not a directory")],
+    "state_dir": [
+        ({"state_dir": 3}, TypeError, "state_dir"),
+        ({"state_dir": __file__}, ValueError, "not a directory"),
+        ({"state_dir": "nosuch://bucket/run"}, ValueError, "state_dir 'nosuch://bucket/run': unknown scheme nosuch://"),
+        ({"state_dir": "file://relative/dir"}, ValueError, "file:///dir"),
+        ({"state_dir": "s3://"}, ValueError, "names no bucket"),
+    ],
     "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
 }
 # Fields with no bad value at all; each needs a comment saying why. Empty: keep it so.
@@ -122,7 +128,7 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--restart-mode": [(["--restart-mode", "lukewarm"], "--restart-mode")],
     "--spare-workers": [(["--spare-workers", "1", "--restart-mode", "fresh"], "--spare-workers")],
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
-    "--state-dir": [(["--state-dir", __file__], "not a directory")],
+    "--state-dir": [(["--state-dir", __file__], "not a directory"), (["--state-dir", "nosuch://b/x"], "unknown scheme")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
 }
 # Flags that take no value and combine with every other: nothing to get wrong.
