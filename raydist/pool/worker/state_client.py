@@ -79,23 +79,25 @@ class RayStateStore(StateStore):
                 self._free = self._own.pop(step)
             free, self._free = self._free, None
         # The copy the loop waits for: into memory of the step before last (already touched).
-        kept = {key: host_copy(states, free.get(key) if free else None) for key, states in _parts(snapshot)}
+        parts = _parts(snapshot)
+        kept = {key: host_copy(states, free.get(key) if free else None) for key, states, _ in parts}
+        copies = {key: count for key, _, count in parts}
         with self._lock:
             self._own[snapshot.step] = kept
         self._sent.clear()
         self._sending_world = world
-        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), kept, world)
+        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), kept, copies, world)
         self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], world: int) -> None:
+    def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
         try:
             keeper = self._keeper_handle(create=True)
             # One more copy, off the loop: into the object store, where a holder keeps it.
-            locations = {key: self._store(step, key, ray.put(pack(states))) for key, states in kept.items()}
+            locations = {key: self._store(step, key, ray.put(pack(states)), copies[key]) for key, states in kept.items()}
             waiting = keeper.ack.remote(world, rank, meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
@@ -108,7 +110,7 @@ class RayStateStore(StateStore):
         finally:
             self._sent.set()
 
-    def _store(self, step: int, key: str, ref: Any, copies: int = 2) -> List[int]:
+    def _store(self, step: int, key: str, ref: Any, copies: int) -> List[int]:
         """Hand a part to ``copies`` holders, own node first, then another node: each
         keeps the object's memory (the one here costs no copy; a raydist restart may
         kill a rank stuck beside a lost node, so its own copy is not counted)."""
@@ -189,11 +191,13 @@ class RayStateStore(StateStore):
         return self._holders
 
 
-def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any]]]:
-    """(key, states) this rank keeps: its own part; the shared part once per node (local rank 0)."""
-    parts = [(rank_key(snapshot.rank), snapshot.own)] if snapshot.own else []
+def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
+    """(key, states, copies) this rank keeps: its own part, on two holders; the
+    shared part once per node (local rank 0), on its node's holder: every
+    node has it, so nothing crosses nodes (two holders on a one-node cluster)."""
+    parts = [(rank_key(snapshot.rank), snapshot.own, 2)] if snapshot.own else []
     if snapshot.shared and snapshot.local_rank == 0:
-        parts.append((SHARED, snapshot.shared))
+        parts.append((SHARED, snapshot.shared, 1 if snapshot.local_world_size < snapshot.world_size else 2))
     return parts
 
 
