@@ -41,6 +41,7 @@ import raydist
 def build(mb: int) -> Any:
     """A model whose parameters hold ~mb/3 MB (Adam adds two moments: ~mb in all)."""
     width = max(64, int((mb * 2**20 / 3 / 4) ** 0.5))
+    torch.manual_seed(0)  # the same on every rank, as DDP keeps it
     model = torch.nn.Linear(width, width, bias=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model(torch.randn(2, width)).sum().backward()
@@ -56,44 +57,91 @@ def busy(ms: float) -> None:
         x = x @ x / 64
 
 
-def save_costs(mb: int, saves: int, folder: str) -> Dict[str, float]:
-    """Seconds one call blocks, median per method, for this rank."""
+SHARED = {"shared": ["model", "optimizer"]}  # DDP's model and optimizer: the same on every rank
+
+
+def save_costs(mb: int, saves: int, folder: str, gap_ms: float) -> Dict[str, float]:
+    """Seconds one call blocks, median per method, for this rank. Each save_state
+    comes ``gap_ms`` of work after the previous one (as when saving every 10
+    steps of 200 ms): what it blocks for is the copy, not a step still in flight."""
     import torch.distributed.checkpoint as dcp
 
     model, optimizer = build(mb)
     rank = dist.get_rank()
-    times: Dict[str, List[float]] = {"save_state": [], "torch.save": [], "dcp.save": [], "dcp.async_save": []}
-    for step in range(saves):
-        started = time.perf_counter()
-        raydist.save_state(step, model=model, optimizer=optimizer)
-        times["save_state"].append(time.perf_counter() - started)
-        busy(50)
-        started = time.perf_counter()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(folder, f"r{rank}.pt"))
-        times["torch.save"].append(time.perf_counter() - started)
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        started = time.perf_counter()
-        dcp.save(state, checkpoint_id=os.path.join(folder, f"dcp-{step}"))
-        times["dcp.save"].append(time.perf_counter() - started)
-        started = time.perf_counter()
-        future = dcp.async_save(state, checkpoint_id=os.path.join(folder, f"adcp-{step}"))
-        times["dcp.async_save"].append(time.perf_counter() - started)
-        future.result()
+    names = ["save_state", "save_state(shared)", "torch.save", "dcp.save", "dcp.async_save"]
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for index, kept in enumerate(({}, SHARED)):
+        for step in range(saves):
+            busy(gap_ms)
+            started = time.perf_counter()
+            raydist.save_state(100 * index + step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
+            times[names[index]].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(folder, f"r{rank}.pt"))
+            times["torch.save"].append(time.perf_counter() - started)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            started = time.perf_counter()
+            dcp.save(state, checkpoint_id=os.path.join(folder, f"dcp-{index}-{step}"))
+            times["dcp.save"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            future = dcp.async_save(state, checkpoint_id=os.path.join(folder, f"adcp-{index}-{step}"))
+            times["dcp.async_save"].append(time.perf_counter() - started)
+            future.result()
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def overhead(mb: int, steps: int, step_ms: float) -> Dict[str, float]:
-    """Mean step time (s) with no saving, save_state every step, every 10 steps."""
+def _saver(how: str, model: Any, optimizer: Any, folder: str) -> Any:
+    """One way to save at a step: save_state (per rank or shared), torch.save, DCP's async_save."""
+    import torch.distributed.checkpoint as dcp
+
+    pending: List[Any] = []
+    # async_save finishes with collectives of its own in a thread: a group of its
+    # own keeps them apart from the loop's (on the default group they interleave and hang).
+    group = dist.new_group(backend="gloo") if how == "dcp" else None
+
+    def save(step: int) -> None:
+        if how.startswith("save_state"):
+            kept = SHARED if "shared" in how else {}
+            raydist.save_state(step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
+        elif how == "torch.save":
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(folder, f"o{dist.get_rank()}.pt"))
+        else:  # one async_save in flight at a time, as DCP asks
+            if pending:
+                pending.pop().result()
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            pending.append(dcp.async_save(state, checkpoint_id=os.path.join(folder, f"o-{step}"), process_group=group))
+
+    return save
+
+
+OVERHEAD_CASES = [
+    ("none", "", 0),
+    ("save_state every 10", "save_state", 10),
+    ("save_state(shared) every 10", "save_state shared", 10),
+    ("torch.save every 10", "torch.save", 10),
+    ("dcp.async_save every 10", "dcp", 10),
+    ("save_state every step", "save_state", 1),
+    ("save_state(shared) every step", "save_state shared", 1),
+]
+
+
+def overhead(mb: int, steps: int, step_ms: float, folder: str) -> Dict[str, float]:
+    """Mean step time (s) of a fixed step with a barrier, for each way of saving."""
     model, optimizer = build(mb)
     result: Dict[str, float] = {}
-    for label, every in (("none", 0), ("every 10", 10), ("every step", 1)):
+    base = 0
+    for label, how, every in OVERHEAD_CASES:
+        save = _saver(how, model, optimizer, folder)
+        dist.barrier()
         started = time.perf_counter()
         for step in range(steps):
             busy(step_ms)
             dist.barrier()
             if every and step % every == 0:
-                raydist.save_state(step, model=model, optimizer=optimizer)
+                save(base + step)
+        dist.barrier()
         result[label] = (time.perf_counter() - started) / steps
+        base += steps
     return result
 
 
@@ -175,12 +223,34 @@ def recovery_table(mb: int) -> List[str]:
     return rows
 
 
+def print_save_costs(options: argparse.Namespace, folder: str) -> None:
+    gap = 10 * options.step_ms
+    costs = raydist.run(save_costs, args=(options.mb, options.saves, folder, gap), num_workers=4, placement_strategy="SPREAD")
+    print(
+        f"\n## blocking time of one save, {options.mb} MB per rank (median, rank 0; saves {gap / 1000:g} s of work apart)\n\n"
+        "| method | seconds | vs torch.save |\n|---|---|---|"
+    )
+    for name, seconds in costs[0].items():
+        print(f"| {name} | {seconds:.4f} | {seconds / costs[0]['torch.save']:.2f}x |")
+
+
+def print_overhead(options: argparse.Namespace, folder: str) -> None:
+    steps = 10 if options.quick else 30
+    times = raydist.run(overhead, args=(options.mb, steps, options.step_ms, folder), num_workers=4, placement_strategy="SPREAD")[0]
+    print(
+        f"\n## step time ({options.step_ms:g} ms of work + a barrier, {steps} steps each)\n\n| saving | step s | overhead |\n|---|---|---|"
+    )
+    for label, seconds in times.items():
+        print(f"| {label} | {seconds:.4f} | {100 * (seconds / times['none'] - 1):+.1f} % |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--saves", type=int, default=5)
     parser.add_argument("--step-ms", type=float, default=200.0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--parts", default="save,overhead,recovery", help="which tables, comma-separated")
     options = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
@@ -190,21 +260,17 @@ def main() -> None:
     cluster.add_node(num_cpus=3)
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     print(machine_line())
-    folder = tempfile.mkdtemp()
-    costs = raydist.run(save_costs, args=(options.mb, options.saves, folder), num_workers=4, placement_strategy="SPREAD")
-    print(
-        f"\n## blocking time of one save, {options.mb} MB per rank (median, rank 0)\n\n| method | seconds | vs torch.save |\n|---|---|---|"
-    )
-    for name, seconds in costs[0].items():
-        print(f"| {name} | {seconds:.4f} | {seconds / costs[0]['torch.save']:.2f}x |")
-    steps = 10 if options.quick else 30
-    times = raydist.run(overhead, args=(options.mb, steps, options.step_ms), num_workers=4, placement_strategy="SPREAD")[0]
-    print(f"\n## step time with save_state ({options.step_ms:g} ms step)\n\n| saving | step s | overhead |\n|---|---|---|")
-    for label, seconds in times.items():
-        print(f"| {label} | {seconds:.4f} | {100 * (seconds / times['none'] - 1):+.1f} % |")
-    print("\n## failure -> first step with the state restored\n\n| case | time |\n|---|---|")
-    for row in recovery_table(options.mb):
-        print(row)
+    print(f"load average at the start: {os.getloadavg()}")
+    folder, parts = tempfile.mkdtemp(), options.parts.split(",")
+    if "save" in parts:
+        print_save_costs(options, folder)
+    if "overhead" in parts:
+        print_overhead(options, folder)
+    if "recovery" in parts:
+        print("\n## failure -> first step with the state restored\n\n| case | time |\n|---|---|")
+        for row in recovery_table(options.mb):
+            print(row)
+    print(f"\nload average at the end: {os.getloadavg()}")
     ray.shutdown()
     cluster.shutdown()
 

@@ -52,6 +52,8 @@ class StateStore:
     """Where snapshots go; ``load`` gives the newest committed one as (meta, shared, own)."""
 
     def save(self, snapshot: Snapshot) -> None:
+        """Keep ``snapshot``, whose states are the objects' live ones: copy what is
+        kept before returning (training changes them next), send it on later."""
         raise NotImplementedError
 
     def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
@@ -99,9 +101,9 @@ def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None
     rank, world_size, local_rank, local_world_size = _whoami()
     snapshot = Snapshot(step, rank, world_size, local_rank, local_world_size)
     for name, obj in objects.items():
-        state = host_copy(obj.state_dict() if hasattr(obj, "state_dict") else obj)
+        state = obj.state_dict() if hasattr(obj, "state_dict") else obj
         (snapshot.shared if name in names else snapshot.own)[name] = state
-    store.save(snapshot)
+    store.save(snapshot)  # copies what it keeps: the store knows where the copy is best made
 
 
 def load_state(**objects: Any) -> Optional[int]:
@@ -140,19 +142,31 @@ def check_world(meta: SnapshotMeta, world_size: int) -> None:
         )
 
 
-def host_copy(value: Any) -> Any:
+def host_copy(value: Any, reuse: Any = None) -> Any:
     """A copy on the host that later training cannot change: tensors copied to
-    CPU (into pinned memory when they come from CUDA), containers rebuilt."""
+    CPU (into pinned memory when they come from CUDA), containers rebuilt.
+    ``reuse``: an earlier copy no one reads any more, whose tensors take the
+    new values where shape and dtype fit (memory already touched: no page
+    faults, which cost more than the copy itself)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
-        if tensor.device.type == "cpu":
-            return tensor.clone()
-        pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
-        return pinned.copy_(tensor)
+        pin = tensor.device.type == "cuda"
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.shape == tensor.shape
+            and reuse.dtype == tensor.dtype
+            and reuse.is_contiguous()
+            and (not pin or reuse.is_pinned())  # asked only for CUDA: it may start CUDA
+        ):
+            return reuse.copy_(tensor)
+        if tensor.device.type == "cpu" and tensor.layout != torch.strided:
+            return tensor.clone()  # sparse and other layouts: copied as they are
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin).copy_(tensor)
     if isinstance(value, dict):
-        copied = {k: host_copy(v) for k, v in value.items()}
+        old = reuse if isinstance(reuse, dict) else {}
+        copied = {k: host_copy(v, old.get(k)) for k, v in value.items()}
         if type(value) is not dict:  # a module's OrderedDict keeps its _metadata (versions read by load)
             rebuilt = type(value)(copied)
             if hasattr(value, "_metadata"):
@@ -160,7 +174,8 @@ def host_copy(value: Any) -> Any:
             return rebuilt
         return copied
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(host_copy(v) for v in value)
+        old_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
+        return type(value)(host_copy(v, r) for v, r in zip(value, old_items))
     return copy.deepcopy(value)
 
 
@@ -213,10 +228,15 @@ class DirStore(StateStore):
     def __init__(self, root: str, keep: int):
         self.root, self.keep = root, max(1, keep)
         self._writing: Optional[threading.Thread] = None
+        self._last: Optional[Snapshot] = None
 
     def save(self, snapshot: Snapshot) -> None:
         if self._writing is not None:
             self._writing.join()  # one step in flight at a time: memory stays bounded
+        last = self._last  # written: its buffers take this step
+        snapshot.shared = host_copy(snapshot.shared, last.shared if last else None)
+        snapshot.own = host_copy(snapshot.own, last.own if last else None)
+        self._last = snapshot
         # Not a daemon: the interpreter waits for the last write at exit.
         self._writing = threading.Thread(target=self._write, args=(snapshot,), name="raydist-state-write")
         self._writing.start()

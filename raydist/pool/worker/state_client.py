@@ -1,13 +1,17 @@
 """The store of ``save_state`` / ``load_state`` inside a raydist rank.
 
-A rank keeps its own host copies (the committed step and the one being
-written: a survivor of a warm restart loads from them) and sends each part
-in the background to two holders: the one on its own node and one on
-another node (a second process on a one-node cluster). Objects put in the
-object store by a rank die with it, so the holders copy the bytes into their
-own memory. The rank then acknowledges the step to the primary keeper;
-the next ``save_state`` waits until that step is committed, so the holders
-never keep more than two steps.
+``save_state`` copies each part of the step (the rank's own state; the
+shared state once per node, by local rank 0) into host memory of the rank:
+two slots, the committed step and the one being written, each reused two
+steps later (memory already touched copies several times faster than fresh
+memory). That copy is the only part the loop waits for (a survivor of a
+warm restart loads from it). In the background the rank puts it into Ray's
+object store on its node (``state_parts``: the tensors' bytes out of band,
+no pickling) and two holders keep it, outside the rank: the one on its node
+keeps that very memory (no copy), one on another node (a second process on
+a one-node cluster) a copy Ray moves there. The rank then acknowledges the
+step to the primary keeper; the next ``save_state`` waits until that step
+is committed, so no place keeps more than two steps.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydist.core import state
-from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy, to_bytes
+from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
+from raydist.pool.worker.state_parts import pack, unpack
 
 SETTINGS_VAR = "RAYDIST_STATE"
 NAMESPACE = "raydist-state"
@@ -55,7 +60,8 @@ class RayStateStore(StateStore):
         self._keeper: Any = None
         self._holders: List[Tuple[str, Any]] = []
         self._dead: Set[int] = set()
-        self._own: Dict[int, Snapshot] = {}
+        self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's host copy
+        self._free: Optional[Dict[str, Any]] = None  # a superseded step's copy: the next one's memory
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
         self._sending_world = -1
@@ -68,40 +74,46 @@ class RayStateStore(StateStore):
         world = _world()
         if self._sending is not None and self._sending_world == world:
             self._sending.join()  # the previous step is committed (or aborted): two steps at most
+        with self._lock:  # two slots: the newest kept step (committed) and this one, in the other's memory
+            for step in sorted(self._own)[:-1]:
+                self._free = self._own.pop(step)
+            free, self._free = self._free, None
+        # The copy the loop waits for: into memory of the step before last (already touched).
+        parts = _parts(snapshot)
+        kept = {key: host_copy(states, free.get(key) if free else None) for key, states, _ in parts}
+        copies = {key: count for key, _, count in parts}
         with self._lock:
-            self._own[snapshot.step] = snapshot
-            for step in sorted(self._own)[:-2]:
-                del self._own[step]
+            self._own[snapshot.step] = kept
         self._sent.clear()
         self._sending_world = world
-        self._sending = threading.Thread(target=self._send, args=(snapshot, world), daemon=True, name="raydist-state-send")
+        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), kept, copies, world)
+        self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(self, snapshot: Snapshot, world: int) -> None:
+    def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
         try:
             keeper = self._keeper_handle(create=True)
-            locations: Dict[str, List[int]] = {}
-            for key, states, copies in _parts(snapshot):
-                data = ray.put(to_bytes(states))
-                locations[key] = self._store(snapshot.step, key, data, copies)
-                del data  # the rank's own object: freed once the holders copied it
-            waiting = keeper.ack.remote(world, snapshot.rank, snapshot.meta.to_json(), locations)
+            # One more copy, off the loop: into the object store, where a holder keeps it.
+            locations = {key: self._store(step, key, ray.put(pack(states)), copies[key]) for key, states in kept.items()}
+            waiting = keeper.ack.remote(world, rank, meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             if ray.get(waiting):
                 with self._lock:  # the committed step is the oldest worth keeping
-                    for step in [s for s in self._own if s < snapshot.step]:
-                        del self._own[step]
+                    for older in [s for s in self._own if s < step]:
+                        self._free = self._own.pop(older)
         except Exception as error:  # noqa: BLE001 - the step stays uncommitted; training goes on
-            print(f"raydist: rank {snapshot.rank} could not keep step {snapshot.step}: {error!r}", file=sys.stderr, flush=True)
+            print(f"raydist: rank {rank} could not keep step {step}: {error!r}", file=sys.stderr, flush=True)
         finally:
             self._sent.set()
 
-    def _store(self, step: int, key: str, data: Any, copies: int) -> List[int]:
-        """Send a part to ``copies`` holders (own node first, then another node); the ones that took it."""
+    def _store(self, step: int, key: str, ref: Any, copies: int) -> List[int]:
+        """Hand a part to ``copies`` holders, own node first, then another node: each
+        keeps the object's memory (the one here costs no copy; a raydist restart may
+        kill a rank stuck beside a lost node, so its own copy is not counted)."""
         holders = self._holder_list()
         here = ray.get_runtime_context().get_node_id()
         local = [i for i, (node, _) in enumerate(holders) if node == here]
@@ -110,9 +122,9 @@ class RayStateStore(StateStore):
         kept: List[int] = []
         while len(kept) < copies and order:
             batch, order = order[: copies - len(kept)], order[copies - len(kept) :]
-            for index, ref in [(i, holders[i][1].store.remote(step, key, data)) for i in batch]:
+            for index, call in [(i, holders[i][1].store.remote(step, key, [ref])) for i in batch]:  # a list: read by the holder
                 try:
-                    ray.get(ref)
+                    ray.get(call)
                     kept.append(index)
                 except ray.exceptions.RayActorError:
                     self._dead.add(index)  # its node is gone: the next holder takes the copy
@@ -132,37 +144,27 @@ class RayStateStore(StateStore):
         meta, locations = SnapshotMeta.from_json(found[0]), found[1]
         check_world(meta, world_size)
         with self._lock:
-            mine = self._own.get(meta.step)
-        shared: Dict[str, Any] = {}
-        own: Dict[str, Any] = {}
-        if meta.shared:
-            shared = (
-                host_copy(mine.shared)
-                if mine is not None and tuple(sorted(mine.shared)) == meta.shared
-                else (self._fetch(keeper, meta.step, SHARED, locations.get(SHARED, [])))
-            )
-        if meta.own:
-            kept = mine is not None and mine.rank == rank and mine.world_size == world_size
-            own = (
-                host_copy(mine.own)
-                if kept and mine is not None
-                else self._fetch(keeper, meta.step, rank_key(rank), locations.get(rank_key(rank), []))
-            )
+            mine = dict(self._own.get(meta.step, {}))
+        shared = self._part(keeper, meta.step, SHARED, mine, locations) if meta.shared else {}
+        own = self._part(keeper, meta.step, rank_key(rank), mine, locations) if meta.own else {}
         return meta, shared, own
 
-    def _fetch(self, keeper: Any, step: int, key: str, where: List[int]) -> Dict[str, Any]:
-        """A part from the first holder that still has it (own node first)."""
+    def _part(self, keeper: Any, step: int, key: str, mine: Dict[str, Any], locations: Dict[str, List[int]]) -> Dict[str, Any]:
+        """A survivor's own copy from its memory, else the first holder that still has it (own node first)."""
+        if key in mine:
+            return host_copy(mine[key])  # its own memory is the next save's
+        where = locations.get(key, [])
         if DURABLE in where:
             return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
         holders = self._holder_list()
         here = ray.get_runtime_context().get_node_id()
         for index in sorted(where, key=lambda i: holders[i][0] != here if i < len(holders) else True):
             try:
-                data = ray.get(holders[index][1].fetch.remote(step, key))
+                packed = ray.get(holders[index][1].fetch.remote(step, key))
             except ray.exceptions.RayActorError:
                 continue
-            if data is not None:
-                return from_bytes(data)
+            if packed is not None:
+                return unpack(packed)
         raise RuntimeError(f"load_state: no holder keeps step {step} ({key}) any more: the nodes of both copies are gone")
 
     # -- the keeper -------------------------------------------------------------
@@ -190,8 +192,9 @@ class RayStateStore(StateStore):
 
 
 def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
-    """(key, states, copies): the rank's own part on two holders; the shared
-    part from local rank 0 of each node, on its node's holder (two on one node)."""
+    """(key, states, copies) this rank keeps: its own part, on two holders; the
+    shared part once per node (local rank 0), on its node's holder: every
+    node has it, so nothing crosses nodes (two holders on a one-node cluster)."""
     parts = [(rank_key(snapshot.rank), snapshot.own, 2)] if snapshot.own else []
     if snapshot.shared and snapshot.local_rank == 0:
         parts.append((SHARED, snapshot.shared, 1 if snapshot.local_world_size < snapshot.world_size else 2))

@@ -22,15 +22,16 @@ from raydist.core import state_files
 from raydist.core.state_files import SnapshotMeta
 from raydist.pool.rules.commits import CommitLog, Locations
 from raydist.pool.worker.state_owner import watch_driver
+from raydist.pool.worker.state_parts import Packed, nbytes, packed_to_bytes
 
 DURABLE = -1  # a location: the primary reads the part from state_dir
 
 
 class StateKeeper:
-    """Holds parts (step, key) -> bytes; the primary also commits and writes state_dir."""
+    """Holds parts (step, key) -> packed state; the primary also commits and writes state_dir."""
 
     def __init__(self, primary: bool, state_dir: Optional[str] = None, keep: int = 2) -> None:
-        self._parts: Dict[Tuple[int, str], bytes] = {}
+        self._parts: Dict[Tuple[int, str], Packed] = {}
         self._state_dir, self._keep = state_dir, keep
         self._log = CommitLog()
         self._waiters: Dict[Tuple[int, int], asyncio.Future] = {}
@@ -43,21 +44,24 @@ class StateKeeper:
 
     # -- every holder ---------------------------------------------------------
 
-    async def store(self, step: int, key: str, data: bytes) -> int:
-        self._parts[(step, key)] = data
-        return len(data)
+    async def store(self, step: int, key: str, wrapped: List[Any]) -> int:
+        """Keep a rank's object: its arrays, read without a copy, keep the object's
+        memory after the rank drops it or dies (copied here from another node)."""
+        packed = await wrapped[0]
+        self._parts[(step, key)] = packed
+        return nbytes(packed)
 
-    async def fetch(self, step: int, key: str) -> Optional[bytes]:
+    async def fetch(self, step: int, key: str) -> Optional[Packed]:
         return self._parts.get((step, key))
 
     async def prune(self, below: int) -> int:
         """Drop every part older than ``below`` (the newest committed step); the bytes kept."""
         for part in [p for p in self._parts if p[0] < below]:
             del self._parts[part]
-        return sum(len(data) for data in self._parts.values())
+        return await self.held_bytes()
 
     async def held_bytes(self) -> int:
-        return sum(len(data) for data in self._parts.values())
+        return sum(nbytes(packed) for packed in self._parts.values())
 
     # -- the primary ----------------------------------------------------------
 
@@ -132,10 +136,10 @@ class StateKeeper:
             done = self._log.committed
             parts: Dict[str, bytes] = {}
             for key, where in done.locations.items():
-                data = await _first_copy(self._holders, done.meta.step, key, where)
-                if data is None:
+                packed = await _first_copy(self._holders, done.meta.step, key, where)
+                if packed is None:
                     break
-                parts[key] = data
+                parts[key] = await asyncio.to_thread(packed_to_bytes, packed)
             else:
                 try:
                     await asyncio.to_thread(state_files.write_snapshot, self._state_dir or "", done.meta, parts, self._keep)
@@ -145,7 +149,7 @@ class StateKeeper:
                 self._durable_done = done.meta.step
 
 
-async def _first_copy(holders: List[Tuple[str, Any]], step: int, key: str, where: List[int]) -> Optional[bytes]:
+async def _first_copy(holders: List[Tuple[str, Any]], step: int, key: str, where: List[int]) -> Optional[Packed]:
     for index in where:
         if index == DURABLE or index >= len(holders):
             continue

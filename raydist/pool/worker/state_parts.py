@@ -1,0 +1,107 @@
+"""A part of a snapshot as Ray's object store keeps it: the state with every
+tensor replaced by a slot, and the tensors' bytes as flat numpy arrays.
+
+Ray writes numpy arrays into its shared memory out of band (one copy, no
+pickling of the data) and reads them back without a copy; a tensor pickled
+the ordinary way goes through ``torch.save`` into a byte string first. So a
+rank ``ray.put``s a packed part straight from its live tensors (the only copy
+its loop waits for), and a holder keeps the read-only arrays it got back:
+on the same node that is the very same memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Tuple
+
+from raydist.core.state import host_copy, to_bytes
+
+if TYPE_CHECKING:  # imported where used: the driver imports this module without torch
+    import numpy as np
+    import torch
+
+Packed = Tuple[Any, List["np.ndarray"]]  # (the state with slots, the tensors' bytes)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor was: its index among the arrays, its dtype and shape."""
+
+    index: int
+    dtype: "torch.dtype"
+    shape: Tuple[int, ...]
+
+
+def pack(states: Any) -> Packed:
+    """Views of the live tensors' bytes (no copy of a CPU tensor; a device tensor
+    is copied to host memory first, pinned where it comes from CUDA)."""
+    arrays: List[np.ndarray] = []
+    return _pack(states, arrays), arrays
+
+
+def unpack(packed: Packed) -> Any:
+    """The state with its tensors rebuilt in memory of their own (the arrays
+    may be read-only shared memory, which training must never write)."""
+    skeleton, arrays = packed
+    return _unpack(skeleton, arrays)
+
+
+def nbytes(packed: Packed) -> int:
+    return sum(int(array.nbytes) for array in packed[1])
+
+
+def packed_to_bytes(packed: Packed) -> bytes:
+    """The part in ``state_dir``'s format (``torch.save`` of the state)."""
+    return to_bytes(unpack(packed))
+
+
+def _pack(value: Any, arrays: List["np.ndarray"]) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _pack_tensor(value, arrays)
+    if isinstance(value, dict):
+        packed = {k: _pack(v, arrays) for k, v in value.items()}
+        if type(value) is dict:
+            return packed
+        rebuilt = type(value)(packed)
+        if hasattr(value, "_metadata"):  # a module's OrderedDict: versions read by load_state_dict
+            rebuilt._metadata = value._metadata  # type: ignore[attr-defined]
+        return rebuilt
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_pack(v, arrays) for v in value)
+    return value  # pickled as it is, when the part is put
+
+
+def _pack_tensor(value: "torch.Tensor", arrays: List["np.ndarray"]) -> Any:
+    import numpy as np
+    import torch
+
+    tensor = value.detach()
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
+        return host_copy(tensor)  # rare kinds: pickled whole
+    if tensor.device.type != "cpu":
+        tensor = host_copy(tensor)
+    flat = tensor.contiguous().reshape(-1)
+    arrays.append(flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8))
+    return _Slot(len(arrays) - 1, tensor.dtype, tuple(tensor.shape))
+
+
+def _unpack(value: Any, arrays: List["np.ndarray"]) -> Any:
+    import numpy as np
+    import torch
+
+    if isinstance(value, _Slot):
+        data = torch.from_numpy(np.array(arrays[value.index], copy=True))
+        return data.view(value.dtype).reshape(value.shape) if data.numel() else torch.empty(value.shape, dtype=value.dtype)
+    if isinstance(value, dict):
+        unpacked = {k: _unpack(v, arrays) for k, v in value.items()}
+        if type(value) is dict:
+            return unpacked
+        rebuilt = type(value)(unpacked)
+        if hasattr(value, "_metadata"):
+            rebuilt._metadata = value._metadata  # type: ignore[attr-defined]
+        return rebuilt
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_unpack(v, arrays) for v in value)
+    return value

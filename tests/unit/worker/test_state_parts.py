@@ -1,0 +1,62 @@
+"""A snapshot part as the object store keeps it, and the reused host copy,
+without Ray: every kind of value comes back equal, in memory of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydist.core.state import host_copy
+from raydist.pool.worker.state_parts import nbytes, pack, unpack
+
+
+def trained() -> Any:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": {"seen": 7}}
+
+
+def test_a_packed_state_comes_back_equal_in_writable_memory_of_its_own() -> None:
+    state = trained()
+    state["odd"] = [torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t(), torch.tensor(True), torch.empty(0, 5), (1, "a")]
+    packed = pack(state)
+    assert nbytes(packed) == sum(t.numel() * t.element_size() for t in _tensors(state))
+    readonly = (packed[0], [np.frombuffer(a.tobytes(), dtype=np.uint8) for a in packed[1]])  # as the object store gives them
+    back = unpack(readonly)
+    before = [t.clone() for t in _tensors(state)]
+    for mine, theirs in zip(_tensors(back), _tensors(state)):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+        mine.add_(1) if mine.dtype != torch.bool else mine.logical_not_()  # writable, and not the original
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(state), before))  # the unpacked state is memory of its own
+    assert back["model"]._metadata == state["model"]._metadata  # load_state_dict reads versions from it
+    assert back["progress"] == {"seen": 7} and back["odd"][3] == (1, "a")
+    model = torch.nn.Linear(4, 3)
+    model.load_state_dict(unpack(pack(state))["model"])
+
+
+def test_host_copy_reuses_the_memory_of_an_earlier_copy_where_it_fits() -> None:
+    state = trained()
+    first = host_copy(state)
+    weight = first["model"]["weight"]
+    with torch.no_grad():
+        state["model"]["weight"].add_(1)
+    second = host_copy(state, first)
+    assert second["model"]["weight"] is weight and torch.equal(weight, state["model"]["weight"])
+    state["model"]["weight"] = torch.zeros(5)  # another shape: fresh memory
+    third = host_copy(state, second)
+    assert third["model"]["weight"] is not weight and third["model"]["weight"].shape == (5,)
+    assert third["model"]._metadata == state["model"]._metadata
+
+
+def _tensors(value: Any) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
