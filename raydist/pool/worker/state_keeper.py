@@ -143,8 +143,11 @@ class StateKeeper:
             else:
                 try:
                     await asyncio.to_thread(state_files.write_snapshot, self._state_dir or "", done.meta, parts, self._keep)
-                except OSError as error:
-                    print(f"raydist: could not write step {done.meta.step} to {self._state_dir}: {error}", file=sys.stderr)
+                except Exception as error:  # noqa: BLE001 - any storage's error (fsspec: credentials too): said, and the next commit tries again
+                    print(
+                        f"raydist: could not write step {done.meta.step} to {self._state_dir}: {type(error).__name__}: {error}",
+                        file=sys.stderr,
+                    )
             if self._log.committed is done:
                 self._durable_done = done.meta.step
 
