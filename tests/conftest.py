@@ -180,13 +180,15 @@ def live_placement_groups() -> List[str]:
 
 
 def raydist_files_of(pids: Iterable[int]) -> List[str]:
-    """Files under the temp directory's raydist folders that name one of ``pids``."""
+    """Files under the temp directory's raydist folders owned by one of
+    ``pids``: the first number in a name is its process's pid (``stacks-<pid>``,
+    ``<driver pid>-<port>.json``; a port that equals a pid is not a match)."""
     wanted = {str(pid) for pid in pids}
     found = []
     tmp = tempfile.gettempdir()
     for top in (name for name in os.listdir(tmp) if "raydist" in name):
         for root, _, names in os.walk(os.path.join(tmp, top)):
-            found += [os.path.join(root, n) for n in names if wanted & set(_numbers_in(n))]
+            found += [os.path.join(root, n) for n in names if _numbers_in(n)[:1] and _numbers_in(n)[0] in wanted]
     return found
 
 
@@ -228,6 +230,7 @@ def _machine_leftovers(ports_before: Optional[Set[int]], files: bool) -> List[st
     found = [f"process {line}" for line in _live_actor_processes(pids)]
     if files:
         found += [f"file {path}" for path in raydist_files_of(pids)]
+    found += [f"file {path}" for path in raydist_files_of([os.getpid()])]  # this driver's pdb relays
     if ports_before is not None:
         found += [f"listening port {port}" for port in sorted(listening_ports() - ports_before)]
     return found

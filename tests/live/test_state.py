@@ -160,10 +160,10 @@ def test_torchrun_with_a_state_dir_saves_and_resumes(reference: List[Dict[str, A
 def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(reference: List[Dict[str, Any]], tmp_path: Path) -> None:
     first = raydist.run(train, args=(CRASH_AT,), num_workers=4, state_dir=str(tmp_path))
     assert [r["resumed"] for r in first] == [None] * 4
-    # The last committed step was written before the run returned (a step superseded
-    # while the writer was busy is skipped); two steps are kept.
+    # The last committed step was written before the run returned; a step superseded
+    # while the writer was busy is skipped, so one or two steps are kept (of state_keep=2).
     kept = sorted(p.name for p in tmp_path.iterdir())
-    assert kept[-1] == f"step_{CRASH_AT - 1:012d}" and len(kept) == 2
+    assert kept[-1] == f"step_{CRASH_AT - 1:012d}" and len(kept) in (1, 2)
     newest = tmp_path / f"step_{CRASH_AT - 1:012d}"
     cut = tmp_path / f"step_{CRASH_AT + 3:012d}"  # a newer snapshot whose writer died: no marker
     cut.mkdir()

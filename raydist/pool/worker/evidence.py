@@ -116,9 +116,10 @@ def remove_evidence(evidence: WorkerEvidence) -> None:
             pass
 
 
-def remove_stale(scratch_dir: str, stale_after: float = STALE_AFTER_S) -> List[str]:
+def remove_stale(scratch_dir: str, stale_after: float = STALE_AFTER_S, owned: "re.Pattern[str]" = _OWN_FILE) -> List[str]:
     """Remove the files of workers that are gone (killed, crashed, their
-    driver lost) and older than ``stale_after``; the paths removed. A live
+    driver lost) and older than ``stale_after``; the paths removed. A file
+    is a process's when its name matches ``owned`` (group 1: the pid). A live
     pid keeps its files unless it started after them (a reused pid)."""
     removed: List[str] = []
     try:
@@ -127,7 +128,7 @@ def remove_stale(scratch_dir: str, stale_after: float = STALE_AFTER_S) -> List[s
         return removed
     now = time.time()
     for name in names:
-        found = _OWN_FILE.match(name)
+        found = owned.match(name)
         path = os.path.join(scratch_dir, name)
         try:
             written = os.lstat(path).st_mtime
