@@ -12,6 +12,12 @@ keeps that very memory (no copy), one on another node (a second process on
 a one-node cluster) a copy Ray moves there. The rank then acknowledges the
 step to the primary keeper; the next ``save_state`` waits until that step
 is committed, so no place keeps more than two steps.
+
+A rank that joins a restarted attempt starts loading the committed step as
+it is set up (``install``), in the background: its part comes from a holder
+or its own memory while the code builds its model, and ``load_state`` only
+hands it over. A survivor whose rank changed (the ranks of a node follow
+its devices) needs another rank's part, which only a holder has.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -36,6 +42,7 @@ NAMESPACE = "raydist-state"
 FLUSH_TIMEOUT = 120.0  # seconds a finished call waits for its last step to reach the holders
 
 _stores: Dict[str, "RayStateStore"] = {}
+Found = Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]
 
 
 def install(env: Mapping[str, str]) -> None:
@@ -46,6 +53,7 @@ def install(env: Mapping[str, str]) -> None:
     settings = json.loads(text)
     store = _stores.setdefault(settings["name"], RayStateStore(settings))
     state.set_store(store)
+    store.load_ahead(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")))
 
 
 def flush() -> None:
@@ -67,10 +75,12 @@ class RayStateStore(StateStore):
         self._sending_world = -1
         self._sent = threading.Event()
         self._sent.set()
+        self._ahead: Optional[_LoadAhead] = None
 
     # -- save -------------------------------------------------------------------
 
     def save(self, snapshot: Snapshot) -> None:
+        self._drop_ahead()  # saved before loading: the step it read may be superseded, and its copy reads a slot reused below
         world = _world()
         if self._sending is not None and self._sending_world == world:
             self._sending.join()  # the previous step is committed (or aborted): two steps at most
@@ -91,6 +101,7 @@ class RayStateStore(StateStore):
         self._sending.start()
 
     def flush(self) -> None:
+        self._drop_ahead()  # a call that never loaded: its copy is not kept
         self._sent.wait(FLUSH_TIMEOUT)
 
     def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
@@ -134,8 +145,26 @@ class RayStateStore(StateStore):
 
     # -- load -------------------------------------------------------------------
 
-    def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
-        keeper = self._keeper_handle(create=bool(self._settings.get("state_dir")))
+    def load_ahead(self, rank: int, world_size: int) -> None:
+        """In a restarted attempt, begin ``load`` now, in the background (``load`` takes its result)."""
+        self._drop_ahead()
+        if _world() > 0:
+            self._ahead = _LoadAhead(self._load, rank, world_size)
+
+    def _drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.wait()
+
+    def load(self, rank: int, world_size: int) -> Found:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.fits(rank, world_size):
+            # No rank of this attempt can have committed a newer step: it needs this rank's save.
+            return ahead.take(lambda: self._load(rank, world_size, create=bool(self._settings.get("state_dir"))))
+        return self._load(rank, world_size, create=bool(self._settings.get("state_dir")))
+
+    def _load(self, rank: int, world_size: int, create: bool) -> Found:
+        keeper = self._keeper_handle(create=create)
         if keeper is None:
             return None
         found = ray.get(keeper.committed.remote(_world()))
@@ -189,6 +218,38 @@ class RayStateStore(StateStore):
         if not self._holders:
             self._holders = ray.get(self._keeper_handle(create=True).holders.remote())
         return self._holders
+
+
+class _LoadAhead:
+    """A load begun in the background for (attempt, rank, world size). Without
+    a keeper yet it finds nothing and leaves the load to ``load_state``
+    (which creates one when there is a ``state_dir`` to read)."""
+
+    def __init__(self, load: Callable[[int, int, bool], Found], rank: int, world_size: int) -> None:
+        self._key = (_world(), rank, world_size)
+        self._found: Found = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(load, rank, world_size), daemon=True, name="raydist-state-load")
+        self._thread.start()
+
+    def _run(self, load: Callable[[int, int, bool], Found], rank: int, world_size: int) -> None:
+        try:
+            self._found = load(rank, world_size, False)
+        except BaseException as error:  # noqa: BLE001 - raised by load_state, as its own load would
+            self._error = error
+
+    def fits(self, rank: int, world_size: int) -> bool:
+        return self._key == (_world(), rank, world_size)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def take(self, again: Callable[[], Found]) -> Found:
+        """The step it loaded; ``again`` where it found nothing (no keeper, or none committed)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._found if self._found is not None else again()
 
 
 def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
