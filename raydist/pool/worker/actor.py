@@ -66,6 +66,19 @@ def _error_file_report(started: float, scratch_path: str = "") -> Optional[str]:
     return f"{message}\n({where})"
 
 
+_imports_frozen = False
+
+
+def _freeze_imports() -> None:
+    """Once per process, after set-up's imports (torch, Ray, raydist): those
+    objects live as long as the process, so the full collection of a warm
+    restart's teardown (which the whole restart waits for) skips them."""
+    global _imports_frozen
+    if not _imports_frozen:
+        gc.freeze()
+        _imports_frozen = True
+
+
 def _exit_code(code: Any) -> int:
     if code is None:
         return 0
@@ -161,6 +174,7 @@ class RayWorker:
         before = tcp_connections()
         context = init_distributed(device=spec.device_type, timeout=spec.config.pg_timeout, world_of_one=True, **spec.init_kwargs)
         self._group_connections = tcp_connections() - before  # shut down for sure at teardown
+        _freeze_imports()
         return context
 
     def _bind(self, spec: WorkerSpec) -> None:
