@@ -64,7 +64,7 @@ class StateKeeper:
             nodes = await asyncio.to_thread(ray.nodes)
             self._room = int(next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes if n["NodeID"] == node), 0))
         held = await self.held_bytes()
-        if self._room and held > ROOM_SHARE * self._room:
+        if self._room and held > ROOM_SHARE * self._room and not self._room_said:  # (concurrent stores: said once)
             self._room_said = True
             print(
                 f"raydist: the training-state copies held on node {node[:12]} take {held / 2**20:.0f} MiB of its "
