@@ -1,17 +1,16 @@
 """The store of ``save_state`` / ``load_state`` inside a raydist rank.
 
 ``save_state`` copies each part of the step (the rank's own state; the
-shared state once per node, by local rank 0) into host memory of the rank:
-two slots, the committed step and the one being written, each reused two
-steps later (memory already touched copies several times faster than fresh
-memory). That copy is the only part the loop waits for (a survivor of a
-warm restart loads from it). In the background the rank puts it into Ray's
-object store on its node (``state_parts``: the tensors' bytes out of band,
-no pickling) and two holders keep it, outside the rank: the one on its node
-keeps that very memory (no copy), one on another node (a second process on
-a one-node cluster) a copy Ray moves there. The rank then acknowledges the
-step to the primary keeper; the next ``save_state`` waits until that step
-is committed, so no place keeps more than two steps.
+shared state once per node, by local rank 0) straight into Ray's object
+store on its node (``state_parts``: the tensors' bytes out of band, no
+pickling): the one copy the training loop waits for, and the only one made
+on this node. The rank keeps the objects of two steps, the committed one
+and the one being sent (a survivor of a warm restart loads from them). In
+the background two holders keep each part, outside the rank: the one on its
+node keeps that very memory (no copy), one on another node (a second
+process on a one-node cluster) a copy Ray moves there. The rank then
+acknowledges the step to the primary keeper; the next ``save_state`` waits
+until that step is committed, so no place keeps more than two steps.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydist.core import state
-from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
+from raydist.core.state import Snapshot, StateStore, check_world, from_bytes
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
 from raydist.pool.worker.state_parts import pack, unpack
@@ -60,8 +59,7 @@ class RayStateStore(StateStore):
         self._keeper: Any = None
         self._holders: List[Tuple[str, Any]] = []
         self._dead: Set[int] = set()
-        self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's host copy
-        self._free: Optional[Dict[str, Any]] = None  # a superseded step's copy: the next one's memory
+        self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's object (a survivor loads it)
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
         self._sending_world = -1
@@ -74,37 +72,36 @@ class RayStateStore(StateStore):
         world = _world()
         if self._sending is not None and self._sending_world == world:
             self._sending.join()  # the previous step is committed (or aborted): two steps at most
-        with self._lock:  # two slots: the newest kept step (committed) and this one, in the other's memory
-            for step in sorted(self._own)[:-1]:
-                self._free = self._own.pop(step)
-            free, self._free = self._free, None
-        # The copy the loop waits for: into memory of the step before last (already touched).
+        # The one copy the loop waits for: the live tensors' bytes straight into the
+        # object store (out of band), where the holders keep that very memory.
         parts = _parts(snapshot)
-        kept = {key: host_copy(states, free.get(key) if free else None) for key, states, _ in parts}
+        refs = {key: ray.put(pack(states)) for key, states, _ in parts}
         copies = {key: count for key, _, count in parts}
-        with self._lock:
-            self._own[snapshot.step] = kept
+        with self._lock:  # the newest kept step (committed) and this one
+            for step in sorted(self._own)[:-1]:
+                del self._own[step]
+            self._own[snapshot.step] = refs
         self._sent.clear()
         self._sending_world = world
-        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), kept, copies, world)
+        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), refs, copies, world)
         self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
+    def _send(self, rank: int, step: int, meta_json: str, refs: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
         try:
             keeper = self._keeper_handle(create=True)
             # One more copy, off the loop: into the object store, where a holder keeps it.
-            locations = {key: self._store(step, key, ray.put(pack(states)), copies[key]) for key, states in kept.items()}
+            locations = {key: self._store(step, key, ref, copies[key]) for key, ref in refs.items()}
             waiting = keeper.ack.remote(world, rank, meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             if ray.get(waiting):
                 with self._lock:  # the committed step is the oldest worth keeping
                     for older in [s for s in self._own if s < step]:
-                        self._free = self._own.pop(older)
+                        del self._own[older]
         except Exception as error:  # noqa: BLE001 - the step stays uncommitted; training goes on
             print(f"raydist: rank {rank} could not keep step {step}: {error!r}", file=sys.stderr, flush=True)
         finally:
@@ -152,7 +149,7 @@ class RayStateStore(StateStore):
     def _part(self, keeper: Any, step: int, key: str, mine: Dict[str, Any], locations: Dict[str, List[int]]) -> Dict[str, Any]:
         """A survivor's own copy from its memory, else the first holder that still has it (own node first)."""
         if key in mine:
-            return host_copy(mine[key])  # its own memory is the next save's
+            return unpack(ray.get(mine[key]))  # its own object, on its node
         where = locations.get(key, [])
         if DURABLE in where:
             return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
