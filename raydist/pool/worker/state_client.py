@@ -147,7 +147,7 @@ class RayStateStore(StateStore):
         return meta, shared, own
 
     def _part(self, keeper: Any, step: int, key: str, mine: Dict[str, Any], locations: Dict[str, List[int]]) -> Dict[str, Any]:
-        """A survivor's own copy from its memory, else the first holder that still has it (own node first)."""
+        """A survivor's own object (on its node), else the first holder that still has it (own node first)."""
         if key in mine:
             return unpack(ray.get(mine[key]))  # its own object, on its node
         where = locations.get(key, [])
