@@ -149,16 +149,20 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--saves", type=int, default=5)
     parser.add_argument("--gap", type=float, default=1.0, help="seconds idle before each save")
+    parser.add_argument("--store-gib", type=float, default=3.0, help="object store per simulated node")
     options = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
 
     expose_to_workers()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False})
-    cluster.add_node(num_cpus=3)
+    # Each node's object store as a real node's is (Ray's default: 30 % of memory), not
+    # the 150 MiB of Ray's test cluster, which the state does not fit (it spills to disk).
+    store = int(options.store_gib * 2**30)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False, "object_store_memory": store})
+    cluster.add_node(num_cpus=3, object_store_memory=store)
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     print(machine_line())
-    print(f"load average at the start: {os.getloadavg()}")
+    print(f"load average at the start: {os.getloadavg()}; object store {options.store_gib:g} GiB per node")
     for label, shared in (("per-rank state", False), ("shared state", True)):
         args = (options.mb, options.saves, shared, options.gap)
         report(label, raydist.run(profile, args=args, num_workers=4, placement_strategy="SPREAD"), options.saves)
