@@ -1,7 +1,8 @@
 """Training state: what ``save_state`` costs the loop, and failure -> first
 step with the state restored, against saving to disk. 4 ranks on a simulated
 2-node cluster (``ray.cluster_utils.Cluster``, 3 CPU slots per node), state =
-a model plus Adam of about ``--mb`` MB per rank (CPU tensors).
+a model plus Adam of about ``--mb`` MB per rank (CPU tensors); each node's
+object store ``--store-gib`` (3 GiB).
 
 * save: the time one call blocks the loop, per rank (median over saves):
   ``raydist.save_state`` (the host copy; the rest runs in the background)

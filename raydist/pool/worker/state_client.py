@@ -27,8 +27,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydist.core import state
 from raydist.core.state import Snapshot, StateStore, check_world, from_bytes
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
+from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
-from raydist.pool.worker.state_parts import pack, unpack
+from raydist.pool.worker.state_parts import nbytes, pack, unpack
 
 SETTINGS_VAR = "RAYDIST_STATE"
 NAMESPACE = "raydist-state"
@@ -63,6 +64,7 @@ class RayStateStore(StateStore):
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
         self._sending_world = -1
+        self._room_checked = False  # whether the object store's room was checked (at the first save)
         self._sent = threading.Event()
         self._sent.set()
 
@@ -75,7 +77,11 @@ class RayStateStore(StateStore):
         # The one copy the loop waits for: the live tensors' bytes straight into the
         # object store (out of band), where the holders keep that very memory.
         parts = _parts(snapshot)
-        refs = {key: ray.put(pack(states)) for key, states, _ in parts}
+        packed = {key: pack(states) for key, states, _ in parts}
+        refs = {key: ray.put(value) for key, value in packed.items()}
+        room: Optional[Tuple[Snapshot, Dict[str, int]]] = None  # checked once per node, in the background (a GCS read)
+        if not self._room_checked and snapshot.local_rank == 0:
+            self._room_checked, room = True, (snapshot, {key: nbytes(value) for key, value in packed.items()})
         copies = {key: count for key, _, count in parts}
         with self._lock:  # the newest kept step (committed) and this one
             for step in sorted(self._own)[:-1]:
@@ -83,14 +89,25 @@ class RayStateStore(StateStore):
             self._own[snapshot.step] = refs
         self._sent.clear()
         self._sending_world = world
-        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), refs, copies, world)
+        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), refs, copies, world, room)
         self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(self, rank: int, step: int, meta_json: str, refs: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
+    def _send(
+        self,
+        rank: int,
+        step: int,
+        meta_json: str,
+        refs: Dict[str, Any],
+        copies: Dict[str, int],
+        world: int,
+        room: Optional[Tuple[Snapshot, Dict[str, int]]],
+    ) -> None:
+        if room is not None:
+            _check_room(*room)
         try:
             keeper = self._keeper_handle(create=True)
             # One more copy, off the loop: into the object store, where a holder keeps it.
@@ -201,3 +218,18 @@ def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
 def _world() -> int:
     """The attempt this rank runs: only the newest one's acknowledgements count."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _check_room(snapshot: Snapshot, sizes: Dict[str, int]) -> None:
+    """Says when two steps will not fit this node's object store (it would spill to disk)."""
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        node: Dict[str, Any] = next((n for n in ray.nodes() if n.get("NodeID") == here), {})
+        capacity = float(node.get("Resources", {}).get("object_store_memory", 0))
+    except Exception:  # noqa: BLE001 - only advice: the save goes on regardless
+        return
+    own = sum(size for key, size in sizes.items() if key != SHARED)
+    multi = snapshot.local_world_size < snapshot.world_size
+    line = store_room_warning(own, sizes.get(SHARED, 0), snapshot.local_world_size, multi, capacity)
+    if line:
+        print(line, file=sys.stderr, flush=True)
