@@ -33,8 +33,9 @@ class _Slot:
 
 
 def pack(states: Any) -> Packed:
-    """Views of the live tensors' bytes (no copy of a CPU tensor; a device tensor
-    is copied to host memory first, pinned where it comes from CUDA)."""
+    """Views of the live tensors' bytes (no copy of a contiguous CPU tensor; a
+    device tensor is copied to host memory first, pinned where it comes from
+    CUDA): ``ray.put`` of it is the one copy."""
     arrays: List[np.ndarray] = []
     return _pack(states, arrays), arrays
 
@@ -82,6 +83,7 @@ def _pack_tensor(value: "torch.Tensor", arrays: List["np.ndarray"]) -> Any:
         return host_copy(tensor)  # rare kinds: pickled whole
     if tensor.device.type != "cpu":
         tensor = host_copy(tensor)
+    tensor = tensor.resolve_conj().resolve_neg()  # lazy bits: the bytes as the values read (no copy without them)
     flat = tensor.contiguous().reshape(-1)
     arrays.append(flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8))
     return _Slot(len(arrays) - 1, tensor.dtype, tuple(tensor.shape))
