@@ -19,17 +19,18 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydist.core import state
-from raydist.core.state import Snapshot, StateStore, check_world, from_bytes
+from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
-from raydist.pool.worker.state_parts import nbytes, pack, unpack
+from raydist.pool.worker.state_parts import on_device, pack, tensor_bytes, unpack
 
 SETTINGS_VAR = "RAYDIST_STATE"
 NAMESPACE = "raydist-state"
@@ -54,6 +55,21 @@ def flush() -> None:
         store.flush()
 
 
+@dataclass
+class _Sending:
+    """One step on its way to the holders: the parts already in the object store
+    (``refs``), those still in host memory (``staged``: from a device), the copies each needs."""
+
+    rank: int
+    step: int
+    meta_json: str
+    world: int
+    refs: Dict[str, Any] = field(default_factory=dict)
+    staged: Dict[str, Any] = field(default_factory=dict)
+    copies: Dict[str, int] = field(default_factory=dict)
+    room: Optional[Snapshot] = None  # the step whose sizes are checked against the object store
+
+
 class RayStateStore(StateStore):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self._settings = dict(settings)
@@ -64,6 +80,7 @@ class RayStateStore(StateStore):
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
         self._sending_world = -1
+        self._staging: Dict[str, Any] = {}  # part key -> the host copy of a part with device tensors, reused
         self._room_checked = False  # whether the object store's room was checked (at the first save)
         self._sent = threading.Event()
         self._sent.set()
@@ -74,45 +91,40 @@ class RayStateStore(StateStore):
         world = _world()
         if self._sending is not None and self._sending_world == world:
             self._sending.join()  # the previous step is committed (or aborted): two steps at most
-        # The one copy the loop waits for: the live tensors' bytes straight into the
-        # object store (out of band), where the holders keep that very memory.
-        parts = _parts(snapshot)
-        packed = {key: pack(states) for key, states, _ in parts}
-        refs = {key: ray.put(value) for key, value in packed.items()}
-        room: Optional[Tuple[Snapshot, Dict[str, int]]] = None  # checked once per node, in the background (a GCS read)
-        if not self._room_checked and snapshot.local_rank == 0:
-            self._room_checked, room = True, (snapshot, {key: nbytes(value) for key, value in packed.items()})
-        copies = {key: count for key, _, count in parts}
+        elif self._sending is not None and self._sending.is_alive():
+            self._staging = {}  # a dead attempt's step may still read it: fresh memory
+        sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world)
+        for key, states, count in _parts(snapshot):
+            sending.copies[key] = count
+            if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
+                sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
+            else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
+                sending.refs[key] = ray.put(pack(states))
+        if not self._room_checked and snapshot.local_rank == 0:  # once per node, in the background (a GCS read)
+            self._room_checked, sending.room = True, snapshot
         with self._lock:  # the newest kept step (committed) and this one
             for step in sorted(self._own)[:-1]:
                 del self._own[step]
-            self._own[snapshot.step] = refs
+            self._own[snapshot.step] = sending.refs
         self._sent.clear()
         self._sending_world = world
-        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), refs, copies, world, room)
-        self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
+        self._sending = threading.Thread(target=self._send, args=(sending,), daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(
-        self,
-        rank: int,
-        step: int,
-        meta_json: str,
-        refs: Dict[str, Any],
-        copies: Dict[str, int],
-        world: int,
-        room: Optional[Tuple[Snapshot, Dict[str, int]]],
-    ) -> None:
-        if room is not None:
-            _check_room(*room)
+    def _send(self, sending: "_Sending") -> None:
+        rank, step = sending.rank, sending.step
         try:
+            staged = {key: ray.put(pack(states)) for key, states in sending.staged.items()}  # the host copy's bytes
+            with self._lock:
+                sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
+            if sending.room is not None:
+                _check_room(sending.room, {key: tensor_bytes(states) for key, states, _ in _parts(sending.room)})
             keeper = self._keeper_handle(create=True)
-            # One more copy, off the loop: into the object store, where a holder keeps it.
-            locations = {key: self._store(step, key, ref, copies[key]) for key, ref in refs.items()}
-            waiting = keeper.ack.remote(world, rank, meta_json, locations)
+            locations = {key: self._store(step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()}
+            waiting = keeper.ack.remote(sending.world, rank, sending.meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             if ray.get(waiting):

@@ -47,6 +47,27 @@ def unpack(packed: Packed) -> Any:
     return _unpack(skeleton, arrays)
 
 
+def on_device(value: Any) -> bool:
+    """Whether a state holds a tensor off the host (a CUDA one: copied through pinned memory)."""
+    return any(tensor.device.type != "cpu" for tensor in _tensors(value))
+
+
+def tensor_bytes(value: Any) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(value))
+
+
+def _tensors(value: Any) -> List["torch.Tensor"]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
 def nbytes(packed: Packed) -> int:
     return sum(int(array.nbytes) for array in packed[1])
 
