@@ -4,14 +4,15 @@
 shared state once per node, by local rank 0) straight into Ray's object
 store on its node (``state_parts``: the tensors' bytes out of band, no
 pickling): the one copy the training loop waits for, and the only one made
-on this node (state on a device: the loop waits for its copy to host memory,
-reused from save to save, and the put follows in the background). The rank keeps the objects of two steps, the committed one
-and the one being sent (a survivor of a warm restart loads from them). In
-the background two holders keep each part, outside the rank: the one on its
-node keeps that very memory (no copy), one on another node (a second
-process on a one-node cluster) a copy Ray moves there. The rank then
-acknowledges the step to the primary keeper; the next ``save_state`` waits
-until that step is committed, so no place keeps more than two steps.
+on this node (state on a device: the loop waits for its copy to host
+memory, reused from save to save; the put follows in the background). The
+rank keeps the objects of two steps, the committed one and the one being
+sent (a survivor of a warm restart loads from them). In the background two
+holders keep each part, outside the rank: the one on its node keeps that
+very memory (no copy), one on another node (a second process on a one-node
+cluster) a copy Ray moves there. The rank then acknowledges the step to the
+primary keeper; the next ``save_state`` waits until that step is
+committed, so no place keeps more than two steps.
 """
 
 from __future__ import annotations
