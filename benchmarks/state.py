@@ -1,7 +1,8 @@
 """Training state: what ``save_state`` costs the loop, and failure -> first
 step with the state restored, against saving to disk. 4 ranks on a simulated
 2-node cluster (``ray.cluster_utils.Cluster``, 3 CPU slots per node), state =
-a model plus Adam of about ``--mb`` MB per rank (CPU tensors).
+a model plus Adam of about ``--mb`` MB per rank (CPU tensors); each node's
+object store ``--store-gib`` (3 GiB).
 
 * save: the time one call blocks the loop, per rank (median over saves):
   ``raydist.save_state`` (the host copy; the rest runs in the background)
@@ -13,14 +14,9 @@ a model plus Adam of about ``--mb`` MB per rank (CPU tensors).
   clock stops when rank 0 has loaded the state and finished its first step
   of the next attempt: crash with a spare, without, a fresh restart that
   ``torch.load``s the last checkpoint from local disk, and ``torchrun
-  --max-restarts 1`` + ``torch.load``, and how many times faster than
-  torchrun each case is (measured in the same run).
+  --max-restarts 1`` + ``torch.load``.
 
-Each simulated node gets an object store of ``--object-store-gib`` (a real
-node's default is 30 % of its memory); ``Cluster``'s own default of 150 MiB
-holds less than one rank's state, and Ray would spill every copy to disk.
-
-    python benchmarks/state.py [--mb 100] [--object-store-gib 2] [--quick] [--parts save,overhead,recovery]
+    python benchmarks/state.py [--mb 100] [--reps 2] [--quick]
 """
 
 from __future__ import annotations
@@ -258,19 +254,21 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=5)
     parser.add_argument("--step-ms", type=float, default=200.0)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--object-store-gib", type=float, default=2.0, help="each simulated node's object store")
     parser.add_argument("--parts", default="save,overhead,recovery", help="which tables, comma-separated")
+    parser.add_argument("--store-gib", type=float, default=3.0, help="object store per simulated node")
     options = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
 
     expose_to_workers()
-    store = int(options.object_store_gib * 2**30)
+    # Each node's object store as a real node's is (Ray's default: 30 % of memory), not
+    # the 150 MiB of Ray's test cluster, which the state does not fit (it spills to disk).
+    store = int(options.store_gib * 2**30)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False, "object_store_memory": store})
     cluster.add_node(num_cpus=3, object_store_memory=store)
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     print(machine_line())
-    print(f"object store per simulated node: {options.object_store_gib:g} GiB; load average at the start: {os.getloadavg()}")
+    print(f"load average at the start: {os.getloadavg()}; object store {options.store_gib:g} GiB per node")
     folder, parts = tempfile.mkdtemp(), options.parts.split(",")
     if "save" in parts:
         print_save_costs(options, folder)

@@ -4,8 +4,8 @@
   test that asks for it.
 - ``cluster``: a simulated multi-node cluster of the shape the test's
   ``@pytest.mark.nodes(head, *others)`` names; a warm one of the same shape
-  is reused (starting one costs ~6 s), and the live tier is ordered so that
-  tests needing the same Ray run together.
+  is reused (starting one costs ~6 s; nodes a test removed are added again),
+  and the live tier is ordered so that tests needing the same Ray run together.
 - ``assert_nothing_left()``: the one leak check (actors, placement groups,
   worker processes, their files, the driver's listening ports).
 """
@@ -42,7 +42,7 @@ def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
 # -- the one Ray this test process is attached to --------------------------
 
 # kind: None, "local" or the repr of a cluster's node list (its shape).
-_current: Dict[str, Any] = {"kind": None, "cluster": None, "nodes": None}
+_current: Dict[str, Any] = {"kind": None, "cluster": None, "nodes": None, "specs": {}}  # specs: worker node id -> its keywords
 
 
 def _shutdown_current() -> None:
@@ -55,7 +55,7 @@ def _shutdown_current() -> None:
     cluster = _current["cluster"]
     if cluster is not None:
         cluster.shutdown()
-    _current.update(kind=None, cluster=None, nodes=None)
+    _current.update(kind=None, cluster=None, nodes=None, specs={})
 
 
 def use_local_ray() -> None:
@@ -85,6 +85,28 @@ def _still_has_shape(nodes: List[Dict[str, Any]]) -> bool:
     return len(alive) == len(nodes) and cpus == sum(node.get("num_cpus", 0) for node in nodes)
 
 
+def _restore_shape(cluster: Any) -> bool:
+    """Bring a warm cluster back to its shape after a test lost or added
+    worker nodes: a node added is removed, a node lost is added again with its
+    keywords (seconds, where a new cluster costs ~6 s and a new ``ray.init``).
+    False where the head is gone (the cluster must be started anew)."""
+    import ray
+
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    specs: Dict[str, Dict[str, Any]] = _current["specs"]
+    if cluster.head_node is None or cluster.head_node.node_id not in alive:
+        return False
+    for node in list(cluster.worker_nodes):
+        if node.node_id not in specs or node.node_id not in alive:
+            cluster.remove_node(node, allow_graceful=False)
+    for node_id, spec in list(specs.items()):
+        if node_id not in alive:
+            del specs[node_id]
+            specs[cluster.add_node(**spec).node_id] = spec
+    cluster.wait_for_nodes()
+    return True
+
+
 def start_cluster(nodes: List[Dict[str, Any]]) -> Any:
     """A simulated multi-node cluster (several raylets on this machine); the
     first entry is the head node. A warm cluster of the same shape is reused;
@@ -93,13 +115,14 @@ def start_cluster(nodes: List[Dict[str, Any]]) -> Any:
     from ray.cluster_utils import Cluster
 
     kind = repr(nodes)
-    if _current["kind"] == kind and ray.is_initialized() and _still_has_shape(nodes):
+    warm = _current["kind"] == kind and ray.is_initialized()
+    if warm and (_still_has_shape(nodes) or (_restore_shape(_current["cluster"]) and _still_has_shape(nodes))):
         return _current["cluster"]
     _shutdown_current()
     cluster = Cluster(initialize_head=True, head_node_args=dict(nodes[0], include_dashboard=False))
-    _current.update(cluster=cluster)  # a start that fails half-way is still shut down
+    _current.update(cluster=cluster, specs={})  # a start that fails half-way is still shut down
     for node in nodes[1:]:
-        cluster.add_node(**node)
+        _current["specs"][cluster.add_node(**node).node_id] = node
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     _current.update(kind=kind, nodes=nodes)

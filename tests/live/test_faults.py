@@ -144,7 +144,7 @@ def maybe_fail(index: int) -> int:
 
 
 @pytest.mark.usefixtures("ray_local")
-@repeats(6, 30)
+@repeats(3, 30)
 def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
     for index in range(repeat):
         if index % 3 == 0:

@@ -91,7 +91,7 @@ def reinit_and_allreduce(iterations: int) -> List[float]:
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_workers", [2, 3])
-@repeats(40, 200)
+@repeats(10, 200)
 def test_horovod_reinit_200_times_without_a_failed_rendezvous(num_workers: int, repeat: int) -> None:
     # With horovod's stock handler a stale local_<host> scope makes some init
     # connect to a peer's previous address; here every init must succeed.
@@ -175,10 +175,10 @@ def test_horovod_example_trains() -> None:
     assert "final loss" in completed.stdout
 
 
-@pytest.mark.nodes({"num_cpus": 2}, {"num_cpus": 2})
+@pytest.mark.nodes({"num_cpus": 2}, {"num_cpus": 2}, {"num_cpus": 2})  # the elastic tests' shape: a warm cluster
 @pytest.mark.usefixtures("cluster")
 def test_two_node_layout_matches_horovod_local_and_cross_ranks() -> None:
-    results = raydist.run(horovod_view, num_workers=4, backend="horovod", placement_strategy="SPREAD")
+    results = raydist.run(horovod_view, num_nodes=2, workers_per_node=2, backend="horovod")
     node_of = {}
     for rank, result in enumerate(results):
         info = result["info"]

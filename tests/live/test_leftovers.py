@@ -35,7 +35,7 @@ def new_threads(before: Set[Optional[int]]) -> List[str]:
     return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
-@repeats(5, 20)
+@repeats(3, 20)
 def test_twenty_runs_some_failing_leave_no_files(repeat: int) -> None:
     before = {name for name in os.listdir(tempfile.gettempdir()) if "raydist" in name}
     threads_before = {t.ident for t in threading.enumerate()}

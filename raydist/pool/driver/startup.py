@@ -29,7 +29,7 @@ from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.seats import free_seats, new_worker
 from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.stragglers import StragglerWatch
-from raydist.pool.driver.waiting import wait_for_ranks
+from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.driver.world import World
 from raydist.pool.progress import progress
@@ -279,7 +279,7 @@ class GroupBuilder:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
         with progress(len(refs), f"raydist: workers {stage}") as bar:
-            waited = wait_for_ranks(refs, timeout, workers, bar)
+            waited = wait_for_ranks(refs, timeout, workers, bar, grace=STARTUP_FAILURE_GRACE_S)
         if waited.failures:
             failures = explain_deaths(waited.failures, workers, agents) if agents is not None else waited.failures
             error = WorkerGroupError(failures)

@@ -21,6 +21,10 @@ from raydist.pool.rules.outcomes import death_line, rank_failure, step_error_tex
 # After the first failure, how long to let other ranks report theirs (so that
 # the same error on every rank is reported once, with all the ranks).
 FAILURE_GRACE_S = 0.5
+# The same for the start-up round trips: every rank does the same seconds of
+# work (imports, the backend's init), so on a loaded machine the same error
+# comes further apart; a failed start is rare, and waiting costs a success nothing.
+STARTUP_FAILURE_GRACE_S = 2.0
 # How long a call's first, all-ranks wait lasts before failure-aware waiting.
 FAST_PATH_S = 0.05
 _FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
@@ -42,9 +46,10 @@ def wait_for_ranks(
     workers: Sequence[WorkerInfo],
     progress: Optional[Any] = None,  # a tqdm-like bar
     actors: Optional[Sequence[Any]] = None,
+    grace: float = FAILURE_GRACE_S,
 ) -> Waited:
     """Wait for ``refs`` (indexed by rank) until all are done, one fails
-    (then a short grace period for the others' failures), or ``timeout``.
+    (then ``grace`` seconds for the others' failures), or ``timeout``.
 
     ``actors`` (by rank) marks ``refs`` as user calls: an error that is not a
     death is then a return value that could not be sent back."""
@@ -75,7 +80,7 @@ def wait_for_ranks(
             progress.update(len(refs) - len(pending) - progress.n)
     if waited.failures and pending:
         _check_ray()
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=grace)
         _take(ready, pending, waited, workers, actors)
     waited.pending = sorted(pending.values())
     return waited

@@ -80,3 +80,19 @@ class CommitLog:
         if self.committed is not None:
             steps.add(self.committed.meta.step)
         return steps
+
+
+def store_room_warning(own: int, shared: int, local_ranks: int, multi_node: bool, capacity: float) -> Optional[str]:
+    """The line a node's first saving rank prints when two steps of the state do not
+    fit the node's object store: Ray then spills them to disk, and each save
+    is many times slower. ``own``: one rank's per-rank bytes (its node's ranks
+    alike); on several nodes the node also keeps as many other ranks' second copies."""
+    need = 2 * (shared + local_ranks * own * (2 if multi_node else 1))
+    if capacity <= 0 or need <= capacity:
+        return None
+    return (
+        f"raydist: save_state keeps about {need / 2**30:.2f} GiB in this node's object store (two steps), "
+        f"which holds {capacity / 2**30:.2f} GiB: Ray spills the rest to disk, and every save_state is many "
+        "times slower (the next one waits for it). Give the object store room: ray start --object-store-memory, "
+        "or ray.init(object_store_memory=...)"
+    )

@@ -1,21 +1,22 @@
 """The store of ``save_state`` / ``load_state`` inside a raydist rank.
 
 ``save_state`` copies each part of the step (the rank's own state; the
-shared state once per node, by local rank 0) into host memory of the rank:
-two slots, the committed step and the one being written, each reused two
-steps later (memory already touched copies several times faster than fresh
-memory). That copy is the only part the loop waits for (a survivor of a
-warm restart loads from it). In the background the rank puts it into Ray's
-object store on its node (``state_parts``: the tensors' bytes out of band,
-no pickling) and two holders keep it, outside the rank: the one on its node
-keeps that very memory (no copy), one on another node (a second process on
-a one-node cluster) a copy Ray moves there. The rank then acknowledges the
-step to the primary keeper; the next ``save_state`` waits until that step
-is committed, so no place keeps more than two steps.
+shared state once per node, by local rank 0) straight into Ray's object
+store on its node (``state_parts``: the tensors' bytes out of band, no
+pickling): the one copy the training loop waits for, and the only one made
+on this node (state on a device: the loop waits for its copy to host
+memory, reused from save to save; the put follows in the background). The
+rank keeps the objects of two steps, the committed one and the one being
+sent (a survivor of a warm restart loads from them). In the background two
+holders keep each part, outside the rank: the one on its node keeps that
+very memory (no copy), one on another node (a second process on a one-node
+cluster) a copy Ray moves there. The rank then acknowledges the step to the
+primary keeper; the next ``save_state`` waits until that step is
+committed, so no place keeps more than two steps.
 
 A rank that joins a restarted attempt starts loading the committed step as
-it is set up (``install``), in the background: its part comes from a holder
-or its own memory while the code builds its model, and ``load_state`` only
+it is set up (``install``), in the background: its part comes from its own
+object or a holder while the code builds its model, and ``load_state`` only
 hands it over. A survivor whose rank changed (the ranks of a node follow
 its devices) needs another rank's part, which only a holder has.
 """
@@ -26,6 +27,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import ray
@@ -34,8 +36,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydist.core import state
 from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
+from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
-from raydist.pool.worker.state_parts import pack, unpack
+from raydist.pool.worker.state_parts import on_device, pack, tensor_bytes, unpack
 
 SETTINGS_VAR = "RAYDIST_STATE"
 NAMESPACE = "raydist-state"
@@ -62,17 +65,33 @@ def flush() -> None:
         store.flush()
 
 
+@dataclass
+class _Sending:
+    """One step on its way to the holders: the parts already in the object store
+    (``refs``), those still in host memory (``staged``: from a device), the copies each needs."""
+
+    rank: int
+    step: int
+    meta_json: str
+    world: int
+    refs: Dict[str, Any] = field(default_factory=dict)
+    staged: Dict[str, Any] = field(default_factory=dict)
+    copies: Dict[str, int] = field(default_factory=dict)
+    room: Optional[Snapshot] = None  # the step whose sizes are checked against the object store
+
+
 class RayStateStore(StateStore):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self._settings = dict(settings)
         self._keeper: Any = None
         self._holders: List[Tuple[str, Any]] = []
         self._dead: Set[int] = set()
-        self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's host copy
-        self._free: Optional[Dict[str, Any]] = None  # a superseded step's copy: the next one's memory
+        self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's object (a survivor loads it)
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
         self._sending_world = -1
+        self._staging: Dict[str, Any] = {}  # part key -> the host copy of a part with device tensors, reused
+        self._room_checked = False  # whether the object store's room was checked (at the first save)
         self._sent = threading.Event()
         self._sent.set()
         self._ahead: Optional[_LoadAhead] = None
@@ -80,42 +99,51 @@ class RayStateStore(StateStore):
     # -- save -------------------------------------------------------------------
 
     def save(self, snapshot: Snapshot) -> None:
-        self._drop_ahead()  # saved before loading: the step it read may be superseded, and its copy reads a slot reused below
+        self._drop_ahead()  # saved before loading: the step it read may be superseded
         world = _world()
         if self._sending is not None and self._sending_world == world:
             self._sending.join()  # the previous step is committed (or aborted): two steps at most
-        with self._lock:  # two slots: the newest kept step (committed) and this one, in the other's memory
+        elif self._sending is not None and self._sending.is_alive():
+            self._staging = {}  # a dead attempt's step may still read it: fresh memory
+        sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world)
+        for key, states, count in _parts(snapshot):
+            sending.copies[key] = count
+            if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
+                sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
+            else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
+                sending.refs[key] = ray.put(pack(states))
+        if not self._room_checked and snapshot.local_rank == 0:  # once per node, in the background (a GCS read)
+            self._room_checked, sending.room = True, snapshot
+        with self._lock:  # the newest kept step (committed) and this one
             for step in sorted(self._own)[:-1]:
-                self._free = self._own.pop(step)
-            free, self._free = self._free, None
-        # The copy the loop waits for: into memory of the step before last (already touched).
-        parts = _parts(snapshot)
-        kept = {key: host_copy(states, free.get(key) if free else None) for key, states, _ in parts}
-        copies = {key: count for key, _, count in parts}
-        with self._lock:
-            self._own[snapshot.step] = kept
+                del self._own[step]
+            self._own[snapshot.step] = sending.refs
         self._sent.clear()
         self._sending_world = world
-        args = (snapshot.rank, snapshot.step, snapshot.meta.to_json(), kept, copies, world)
-        self._sending = threading.Thread(target=self._send, args=args, daemon=True, name="raydist-state-send")
+        self._sending = threading.Thread(target=self._send, args=(sending,), daemon=True, name="raydist-state-send")
         self._sending.start()
 
     def flush(self) -> None:
         self._drop_ahead()  # a call that never loaded: its copy is not kept
         self._sent.wait(FLUSH_TIMEOUT)
 
-    def _send(self, rank: int, step: int, meta_json: str, kept: Dict[str, Any], copies: Dict[str, int], world: int) -> None:
+    def _send(self, sending: "_Sending") -> None:
+        rank, step = sending.rank, sending.step
         try:
+            staged = {key: ray.put(pack(states)) for key, states in sending.staged.items()}  # the host copy's bytes
+            with self._lock:
+                sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
+            if sending.room is not None:
+                _check_room(sending.room, {key: tensor_bytes(states) for key, states, _ in _parts(sending.room)})
             keeper = self._keeper_handle(create=True)
-            # One more copy, off the loop: into the object store, where a holder keeps it.
-            locations = {key: self._store(step, key, ray.put(pack(states)), copies[key]) for key, states in kept.items()}
-            waiting = keeper.ack.remote(world, rank, meta_json, locations)
+            locations = {key: self._store(step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()}
+            waiting = keeper.ack.remote(sending.world, rank, sending.meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             if ray.get(waiting):
                 with self._lock:  # the committed step is the oldest worth keeping
                     for older in [s for s in self._own if s < step]:
-                        self._free = self._own.pop(older)
+                        del self._own[older]
         except Exception as error:  # noqa: BLE001 - the step stays uncommitted; training goes on
             print(f"raydist: rank {rank} could not keep step {step}: {error!r}", file=sys.stderr, flush=True)
         finally:
@@ -179,9 +207,9 @@ class RayStateStore(StateStore):
         return meta, shared, own
 
     def _part(self, keeper: Any, step: int, key: str, mine: Dict[str, Any], locations: Dict[str, List[int]]) -> Dict[str, Any]:
-        """A survivor's own copy from its memory, else the first holder that still has it (own node first)."""
+        """A survivor's own object (on its node), else the first holder that still has it (own node first)."""
         if key in mine:
-            return host_copy(mine[key])  # its own memory is the next save's
+            return unpack(ray.get(mine[key]))  # its own object, on its node
         where = locations.get(key, [])
         if DURABLE in where:
             return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
@@ -265,3 +293,18 @@ def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
 def _world() -> int:
     """The attempt this rank runs: only the newest one's acknowledgements count."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _check_room(snapshot: Snapshot, sizes: Dict[str, int]) -> None:
+    """Says when two steps will not fit this node's object store (it would spill to disk)."""
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        node: Dict[str, Any] = next((n for n in ray.nodes() if n.get("NodeID") == here), {})
+        capacity = float(node.get("Resources", {}).get("object_store_memory", 0))
+    except Exception:  # noqa: BLE001 - only advice: the save goes on regardless
+        return
+    own = sum(size for key, size in sizes.items() if key != SHARED)
+    multi = snapshot.local_world_size < snapshot.world_size
+    line = store_room_warning(own, sizes.get(SHARED, 0), snapshot.local_world_size, multi, capacity)
+    if line:
+        print(line, file=sys.stderr, flush=True)

@@ -25,7 +25,6 @@ from raydist.pool.worker.state_owner import watch_driver
 from raydist.pool.worker.state_parts import Packed, nbytes, packed_to_bytes
 
 DURABLE = -1  # a location: the primary reads the part from state_dir
-ROOM_SHARE = 0.5  # of the node's object store: copies held beyond it leave too little for the steps in flight
 
 
 class StateKeeper:
@@ -39,8 +38,6 @@ class StateKeeper:
         self._holders: List[Tuple[str, Any]] = []
         self._durable_done: Optional[int] = None
         self._writer: Optional["asyncio.Task[None]"] = None
-        self._room: Optional[int] = None  # this node's object store, in bytes (read once)
-        self._room_said = False
         if primary:
             self._holders = _start_holders()
             watch_driver()  # detached: it must still end when a killed driver cannot release it
@@ -52,27 +49,7 @@ class StateKeeper:
         memory after the rank drops it or dies (copied here from another node)."""
         packed = await wrapped[0]
         self._parts[(step, key)] = packed
-        if not self._room_said:
-            await self._check_room()
         return nbytes(packed)
-
-    async def _check_room(self) -> None:
-        """Say once when the copies held here fill this node's object store: Ray
-        then spills them to disk, and every save and a recovery wait on the disk."""
-        node = ray.get_runtime_context().get_node_id()
-        if self._room is None:
-            nodes = await asyncio.to_thread(ray.nodes)
-            self._room = int(next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes if n["NodeID"] == node), 0))
-        held = await self.held_bytes()
-        if self._room and held > ROOM_SHARE * self._room and not self._room_said:  # (concurrent stores: said once)
-            self._room_said = True
-            print(
-                f"raydist: the training-state copies held on node {node[:12]} take {held / 2**20:.0f} MiB of its "
-                f"{self._room / 2**20:.0f} MiB object store: Ray spills them to disk, which slows every save and a recovery; "
-                "give the node a larger object store (ray start --object-store-memory)",
-                file=sys.stderr,
-                flush=True,
-            )
 
     async def fetch(self, step: int, key: str) -> Optional[Packed]:
         return self._parts.get((step, key))

@@ -33,8 +33,9 @@ class _Slot:
 
 
 def pack(states: Any) -> Packed:
-    """Views of the live tensors' bytes (no copy of a CPU tensor; a device tensor
-    is copied to host memory first, pinned where it comes from CUDA)."""
+    """Views of the live tensors' bytes (no copy of a contiguous CPU tensor; a
+    device tensor is copied to host memory first, pinned where it comes from
+    CUDA): ``ray.put`` of it is the one copy."""
     arrays: List[np.ndarray] = []
     return _pack(states, arrays), arrays
 
@@ -44,6 +45,27 @@ def unpack(packed: Packed) -> Any:
     may be read-only shared memory, which training must never write)."""
     skeleton, arrays = packed
     return _unpack(skeleton, arrays)
+
+
+def on_device(value: Any) -> bool:
+    """Whether a state holds a tensor off the host (a CUDA one: copied through pinned memory)."""
+    return any(tensor.device.type != "cpu" for tensor in _tensors(value))
+
+
+def tensor_bytes(value: Any) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(value))
+
+
+def _tensors(value: Any) -> List["torch.Tensor"]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def nbytes(packed: Packed) -> int:
@@ -82,6 +104,7 @@ def _pack_tensor(value: "torch.Tensor", arrays: List["np.ndarray"]) -> Any:
         return host_copy(tensor)  # rare kinds: pickled whole
     if tensor.device.type != "cpu":
         tensor = host_copy(tensor)
+    tensor = tensor.resolve_conj().resolve_neg()  # lazy bits: the bytes as the values read (no copy without them)
     flat = tensor.contiguous().reshape(-1)
     arrays.append(flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8))
     return _Slot(len(arrays) - 1, tensor.dtype, tuple(tensor.shape))

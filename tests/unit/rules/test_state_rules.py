@@ -11,7 +11,7 @@ import torch
 
 from raydist.core import state, state_files
 from raydist.core.state_files import SnapshotMeta
-from raydist.pool.rules.commits import CommitLog
+from raydist.pool.rules.commits import CommitLog, store_room_warning
 
 
 def meta(step: int, size: int = 2, own: bool = True) -> SnapshotMeta:
@@ -90,3 +90,15 @@ def test_the_host_copy_is_independent_of_later_training() -> None:
         model.weight.add_(1)
     assert not torch.equal(copy["weight"], model.weight)
     assert hasattr(copy, "_metadata")
+
+
+def test_a_state_that_does_not_fit_the_object_store_is_said_with_both_sizes() -> None:
+    mb = 2**20
+    # One node, two ranks of 100 MB each and 50 MB shared: two steps are 500 MB.
+    assert store_room_warning(100 * mb, 50 * mb, 2, False, 500 * mb) is None
+    line = store_room_warning(100 * mb, 50 * mb, 2, False, 150 * mb)
+    assert line is not None and "0.49 GiB" in line and "0.15 GiB" in line and "--object-store-memory" in line
+    # On several nodes a node also keeps other ranks' second copies: twice the per-rank bytes.
+    assert store_room_warning(100 * mb, 0, 2, True, 500 * mb) is not None
+    assert store_room_warning(100 * mb, 0, 2, True, 800 * mb) is None
+    assert store_room_warning(100 * mb, 0, 2, True, 0) is None  # no figure from Ray: nothing said

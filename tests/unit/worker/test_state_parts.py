@@ -22,7 +22,8 @@ def trained() -> Any:
 
 def test_a_packed_state_comes_back_equal_in_writable_memory_of_its_own() -> None:
     state = trained()
-    state["odd"] = [torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t(), torch.tensor(True), torch.empty(0, 5), (1, "a")]
+    lazy = torch.tensor([1 + 2j, 3 - 1j]).conj()  # a conjugate bit, not yet applied to the bytes
+    state["odd"] = [torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t(), torch.tensor(True), torch.empty(0, 5), (1, "a"), lazy]
     packed = pack(state)
     assert nbytes(packed) == sum(t.numel() * t.element_size() for t in _tensors(state))
     readonly = (packed[0], [np.frombuffer(a.tobytes(), dtype=np.uint8) for a in packed[1]])  # as the object store gives them
