@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import expose_to_workers, machine_line
+from _common import expose_to_workers, machine_line, two_simulated_nodes
 
 import raydist
 
@@ -258,15 +258,9 @@ def main() -> None:
     parser.add_argument("--store-gib", type=float, default=3.0, help="object store per simulated node")
     options = parser.parse_args()
     import ray
-    from ray.cluster_utils import Cluster
 
     expose_to_workers()
-    # Each node's object store as a real node's is (Ray's default: 30 % of memory), not
-    # the 150 MiB of Ray's test cluster, which the state does not fit (it spills to disk).
-    store = int(options.store_gib * 2**30)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False, "object_store_memory": store})
-    cluster.add_node(num_cpus=3, object_store_memory=store)
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    cluster = two_simulated_nodes(options.store_gib)
     print(machine_line())
     print(f"load average at the start: {os.getloadavg()}; object store {options.store_gib:g} GiB per node")
     folder, parts = tempfile.mkdtemp(), options.parts.split(",")

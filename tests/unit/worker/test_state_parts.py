@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_leaves
 
 from raydist.core.state import host_copy
 from raydist.pool.worker.state_parts import nbytes, pack, unpack
@@ -54,10 +55,4 @@ def test_host_copy_reuses_the_memory_of_an_earlier_copy_where_it_fits() -> None:
 
 
 def _tensors(value: Any) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
