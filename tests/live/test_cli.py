@@ -526,7 +526,7 @@ def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead,
         "raydist",
         "run",
         "-n",
-        "1",  # one rank: the job's path through Ray is under test, not the world size
+        "2",
         "ddp_torchrun.py",
         "--steps",
         "5",
@@ -538,7 +538,8 @@ def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead,
     # Without --no-wait, `ray job submit` follows the job's logs to its end and prints its final status.
     logs = submitted.stdout
     assert f"Job '{job_id}' succeeded" in logs, explain(submitted)
-    assert re.search(r"\(rank=0\b.*\) rank 0 of 1 ", logs), logs
+    for rank in (0, 1):
+        assert re.search(rf"\(rank={rank}\b.*\) rank {rank} of 2 ", logs), logs
     assert FINAL_LOSS.search(logs), logs
 
 
