@@ -3,6 +3,8 @@ min:max sizes, surviving node loss, growing back, acting on a node drain.
 
 The ranks of a first attempt write a file when they run, so the test acts on
 the cluster (removes, adds or drains a node) only once the run is under way.
+Each worker asks for a node's 2 CPUs (``WHOLE_NODE``): one rank per node, so
+a run starts half the processes and the cluster still fits fewer than the max.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, live_placement_groups
+from conftest import live_placement_groups
 
 import raydist
+from raydist import cli
 
 NODE = {"num_cpus": 2}
 pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(NODE, NODE, NODE)]
 BIN = Path(sys.executable).parent
+# One worker per node: every worker start costs seconds of imports, and the
+# sizing, ordering and restarts under test work per worker whatever it asks for.
+WHOLE_NODE = {"CPU": 2}
 
 
 # -- on a live cluster ------------------------------------------------------------
@@ -123,8 +129,8 @@ def finish(outcome: Dict[str, Any], timeout: float = 180) -> List[Dict[str, Any]
 
 def test_min_max_starts_as_many_as_fit(cluster: Any) -> None:
     wait_until_idle()
-    results = raydist.run(where, num_workers=(2, 6))
-    assert [r["world"] for r in results] == [6] * 6
+    results = raydist.run(where, num_workers=(2, 6), resources_per_worker=WHOLE_NODE)
+    assert [r["world"] for r in results] == [3] * 3  # as many as fit, below the max
     assert len({r["node_id"] for r in results}) == 3
 
 
@@ -137,30 +143,32 @@ def test_min_that_can_never_fit_fails_at_once(cluster: Any) -> None:
 
 def test_min_that_fits_only_later_waits_with_progress_then_starts(cluster: Any, capfd: pytest.CaptureFixture) -> None:
     wait_until_idle()
-    blocker = raydist.WorkerGroup(4)  # leaves room for 2
-    outcome = run_in_thread(idle_first=False, num_workers=(4, 6), startup_timeout=120)
+    # Another job holds two nodes (a placement group: no processes to start), leaving room for 1.
+    blocker = ray.util.placement_group([WHOLE_NODE, WHOLE_NODE], strategy="STRICT_SPREAD")
+    ray.get(blocker.ready(), timeout=60)
+    outcome = run_in_thread(idle_first=False, num_workers=(2, 3), resources_per_worker=WHOLE_NODE, startup_timeout=120)
     deadline = time.monotonic() + 60
     seen = ""
     while "raydist: workers placed" not in seen:  # the progress bar appears after a few seconds
         assert time.monotonic() < deadline, "no progress shown while waiting"
         seen += capfd.readouterr().err
         time.sleep(0.2)  # polling the captured output, with a deadline
-    assert outcome["thread"].is_alive()  # still waiting for room for 4
-    blocker.shutdown()
+    assert outcome["thread"].is_alive()  # still waiting for room for 2
+    ray.util.remove_placement_group(blocker)
     results = finish(outcome)
-    assert len(results) >= 4 and {r["world"] for r in results} == {len(results)}
+    assert len(results) >= 2 and {r["world"] for r in results} == {len(results)}
 
 
 def test_losing_a_node_restarts_with_the_workers_that_fit(cluster: Any, tmp_path: Path) -> None:
     order = node_ids_in_order(cluster)
-    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), max_restarts=1)
-    first = wait_for_files(tmp_path, 6)
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), max_restarts=1, resources_per_worker=WHOLE_NODE)
+    first = wait_for_files(tmp_path, 3)
     first_order = [r["node_id"] for r in sorted(first, key=lambda r: r["rank"])]
     middle = list(dict.fromkeys(first_order))[1]  # a node with survivors after it
     victim = next(node for node in cluster.list_all_nodes() if node.node_id == middle)
     cluster.remove_node(victim)
     results = finish(outcome)
-    assert [r["world"] for r in results] == [4] * 4
+    assert [r["world"] for r in results] == [2] * 2
     assert {r["restart_count"] for r in results} == {1}
     survivors = [node for node in dict.fromkeys(first_order) if node != middle]
     assert list(dict.fromkeys(r["node_id"] for r in results)) == survivors  # same order, the gap closed
@@ -174,11 +182,11 @@ def test_a_node_that_joins_is_used_after_a_restart_to_grow(cluster: Any, tmp_pat
         cluster.remove_node(node)
     cluster.wait_for_nodes()
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), restart_to_grow=True)
-    wait_for_files(tmp_path, 4)
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), restart_to_grow=True, resources_per_worker=WHOLE_NODE)
+    wait_for_files(tmp_path, 2)
     cluster.add_node(**NODE)
     results = finish(outcome)
-    assert [r["world"] for r in results] == [6] * 6
+    assert [r["world"] for r in results] == [3] * 3
     assert {r["restart_count"] for r in results} == {1}
 
 
@@ -202,14 +210,16 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
 
     def target() -> None:
         try:
-            outcome["results"] = raydist.run(preemptible, args=(str(tmp_path),), num_workers=(2, 6), max_restarts=0)
+            outcome["results"] = raydist.run(
+                preemptible, args=(str(tmp_path),), num_workers=(2, 6), max_restarts=0, resources_per_worker=WHOLE_NODE
+            )
         except BaseException as error:  # noqa: BLE001
             outcome["error"] = error
 
     wait_until_idle()
     outcome["thread"] = threading.Thread(target=target)
     outcome["thread"].start()
-    first = wait_for_files(tmp_path, 6)
+    first = wait_for_files(tmp_path, 3)
     head = ray.get_runtime_context().get_node_id()
     drained = next(r["node_id"] for r in first if r["node_id"] != head)
     ranks_there = sorted(r["rank"] for r in first if r["node_id"] == drained)
@@ -226,12 +236,13 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
     for note in warned.values():
         assert 15 <= note["deadline"] - drained_at <= 25
         assert note["at"] < drained_at + 20
-    assert [r["world"] for r in results] == [4] * 4 and {r["restart_count"] for r in results} == {1}
+    assert [r["world"] for r in results] == [2] * 2 and {r["restart_count"] for r in results} == {1}
     assert drained not in {r["node_id"] for r in results}
     assert live_placement_groups() == []
 
 
-def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path) -> None:
+def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    # In this process, attached to the cluster: a subprocess would only add its imports.
     script = tmp_path / "world.py"
     script.write_text(
         "import os, torch.distributed as dist\n"
@@ -240,34 +251,15 @@ def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path) -> None:
         "dist.barrier()\n"
         "dist.destroy_process_group()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     alive = sum(1 for n in ray.nodes() if n["Alive"] and n["NodeID"] not in _draining())
-    for nnodes, expected in (("1:3", 2 * alive), ("2", 4)):
+    # -n 1 on 2-CPU nodes: whole nodes of one rank each (packing would start 2 a node).
+    for nnodes, expected in (("1:3", alive), ("2", 2)):
         wait_until_idle()
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raydist",
-                "run",
-                "--address",
-                cluster.address,
-                "--nnodes",
-                nnodes,
-                "-n",
-                "2",
-                "--accelerator",
-                "cpu",
-                str(script),
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert result.stdout.count(f"world {expected} restart 0") == expected, result.stdout + result.stderr
+        capfd.readouterr()
+        status = cli.main(["run", "--address", cluster.address, "--nnodes", nnodes, "-n", "1", "--accelerator", "cpu", str(script)])
+        out, err = capfd.readouterr()
+        assert status == 0, f"--nnodes {nnodes}: {out}{err}"
+        assert out.count(f"world {expected} restart 0") == expected, f"--nnodes {nnodes}: {out}{err}"
 
 
 def _draining() -> Dict[str, float]:
@@ -279,8 +271,8 @@ def _draining() -> Dict[str, float]:
 def test_draining_the_drivers_node_fails_at_once_instead_of_restarting(cluster: Any, tmp_path: Path) -> None:
     # Last in this module: it leaves the head draining. Ray starts no new
     # actors anywhere while the driver's node drains, so a restart could only hang.
-    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), startup_timeout=120)
-    wait_for_files(tmp_path, sum(1 for n in ray.nodes() if n["Alive"]) * 2)
+    outcome = run_in_thread(num_workers=(2, 6), args=(str(tmp_path),), startup_timeout=120, resources_per_worker=WHOLE_NODE)
+    wait_for_files(tmp_path, sum(1 for n in ray.nodes() if n["Alive"]))
     head = ray.get_runtime_context().get_node_id()
     started = time.monotonic()
     drain(cluster, head, deadline_s=60)

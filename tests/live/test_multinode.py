@@ -87,10 +87,10 @@ def test_two_gpus_per_worker_each_rank_uses_its_own_first_gpu() -> None:
 
 
 def test_half_a_gpu_per_worker_sharing_workers_get_the_same_device() -> None:
-    with raydist.WorkerGroup(4, resources_per_worker={"GPU": 0.5, "CPU": 0.5}, placement_strategy="STRICT_PACK") as group:
+    with raydist.WorkerGroup(2, resources_per_worker={"GPU": 0.5, "CPU": 0.5}, placement_strategy="STRICT_PACK") as group:
         results = group.run(where_am_i, args=("gpu",))
         workers = group.workers
-    check_every_rank(results, workers, 4)
+    check_every_rank(results, workers, 2)
     devices = [r["own_ids"][0] for r in results]
     assert len(set(devices)) < len(devices)  # some GPU is shared
     for result in results:
@@ -98,11 +98,12 @@ def test_half_a_gpu_per_worker_sharing_workers_get_the_same_device() -> None:
 
 
 def test_two_npus_per_worker_set_ascend_visible_devices() -> None:
-    with raydist.WorkerGroup(3, accelerator="npu", resources_per_worker={"NPU": 2}) as group:
+    with raydist.WorkerGroup(2, accelerator="npu", resources_per_worker={"NPU": 2}) as group:
         results = group.run(where_am_i, args=("npu",))
         workers = group.workers
         contexts = group.contexts
-    check_every_rank(results, workers, 3)
+    check_every_rank(results, workers, 2)
+    assert all(r["device_index"] == 2 * r["local_rank"] for r in results)  # two devices per local rank
     assert {c.backend for c in contexts if c is not None} == {"gloo"}  # fake NPUs: CPU fallback
 
 
@@ -111,7 +112,7 @@ def device_index_or_none() -> Optional[int]:
 
 
 def test_cpu_workers_have_no_device_index() -> None:
-    assert raydist.run(device_index_or_none, num_workers=2, accelerator="cpu") == [None, None]
+    assert raydist.run(device_index_or_none, num_workers=1, accelerator="cpu") == [None]
 
 
 def abort_on_the_second_node() -> None:
@@ -125,7 +126,8 @@ def abort_on_the_second_node() -> None:
 
 def test_a_rank_that_dies_on_another_node_is_explained_from_that_node() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
-        raydist.run(abort_on_the_second_node, num_workers=6, accelerator="cpu")
+        # One rank a node: the smallest group with a rank on the other node.
+        raydist.run(abort_on_the_second_node, num_nodes=2, workers_per_node=1, accelerator="cpu")
     root = caught.value.root_cause
     assert root.node_id != ray.get_runtime_context().get_node_id()
     assert root.died == "killed by SIGABRT (aborted)", str(caught.value)
