@@ -19,7 +19,7 @@ from test_cli import REPO, attached_env, cli_env, explain, ray_tmpdir  # noqa: F
 
 DRIVER = textwrap.dedent(
     """
-    import sys, ray, raydist
+    import logging, sys, ray, raydist
 
     def last_line(call):
         rank = raydist.get_context().rank
@@ -27,7 +27,9 @@ DRIVER = textwrap.dedent(
         print(f"rank {rank} warned in call {call}", file=sys.stderr)
         return call
 
-    ray.init()  # RAY_ADDRESS: the session's Ray (a private one costs its start, not under test here)
+    # RAY_ADDRESS: the session's Ray (a private one costs its start, not under test here);
+    # WARNING: not Ray's own banner on attaching (its dashboard's address, in colour).
+    ray.init(logging_level=logging.WARNING)
     with raydist.WorkerGroup(2, accelerator="cpu") as group:
         for call in range(CALLS):
             assert group.run(last_line, args=(call,)) == [call, call]
