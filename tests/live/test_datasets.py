@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, assert_nothing_left, ray_address, wait_for
+from conftest import REPO, assert_nothing_left, ray_address, use_local_ray, wait_for
 
 import raydist
 
@@ -37,6 +37,16 @@ EpochRows = Tuple[int, List[int], List[int]]  # batch count, row ids, batch size
 @pytest.fixture(autouse=True)
 def quiet_ray_data() -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[raydist.WorkerGroup]:
+    """Two ranks shared by the calls whose group start and end are not under test;
+    after it, the leak check of every other test."""
+    use_local_ray()  # set up before the function-scoped ray_local
+    with raydist.WorkerGroup(2, timeout=90, resources_per_worker={"CPU": 0.5}) as shared:
+        yield shared
+    assert_all_gone()
 
 
 def live_data_actors() -> List[str]:
@@ -106,61 +116,6 @@ def read_cases(name: str, cases: List[Tuple[int, bool, int, str]]) -> List[List[
     return [read_epochs(name, 2, size, drop_last, buffer, fmt) for size, drop_last, buffer, fmt in cases]
 
 
-def test_random_layouts_give_equal_batches_disjoint_full_epochs() -> None:
-    """5 block layouts x 4 (batch size, buffer, drop_last, format) = 20 combinations, 2 epochs each."""
-    rng = random.Random(26)
-    with raydist.WorkerGroup(3, timeout=90) as group:
-        for layout in range(5):
-            rows = rng.randint(30, 400)
-            cases = [
-                (rng.choice([1, 3, 7, 8, 16, 50]), rng.random() < 0.5, rng.choice([0, 5, 40]), rng.choice(["numpy", "pandas", "pyarrow"]))
-                for _ in range(4)
-            ]
-            per_rank = group.run(read_cases, args=("train", cases), datasets={"train": uneven_dataset(rows, rng)})
-            for index, (size, drop_last, buffer, fmt) in enumerate(cases):
-                try:
-                    check_epochs([ranks[index] for ranks in per_rank], rows, size, drop_last)
-                except AssertionError as error:
-                    raise AssertionError(
-                        f"layout {layout}: {rows} rows, batch {size}, buffer {buffer}, drop_last {drop_last}, {fmt}"
-                    ) from error
-        assert live_data_actors() == []  # each call's split went with it
-    assert_all_gone()
-
-
-def read_two(batch_size: int) -> Dict[str, List[int]]:
-    return {
-        name: [i for batch in raydist.get_dataset_shard(name).iter_batches(batch_size=batch_size) for i in ids_of(batch)]
-        for name in ("train", "eval")
-    }
-
-
-def test_every_row_split_and_a_dataset_given_whole() -> None:
-    config = raydist.DataConfig(datasets_to_split=["train"], equal=False)
-    results = raydist.run(
-        read_two,
-        args=(8,),
-        num_workers=3,
-        datasets={"train": ray.data.range(101, override_num_blocks=4), "eval": ray.data.range(20)},
-        dataset_config=config,
-    )
-    train = [i for result in results for i in result["train"]]
-    assert sorted(train) == list(range(101))  # every row, each once
-    assert all(sorted(result["eval"]) == list(range(20)) for result in results)  # whole on every rank
-    assert_all_gone()
-
-
-def tensors(batch_size: int) -> Tuple[int, str, List[int]]:
-    batches = list(raydist.get_dataset_shard("train").iter_torch_batches(batch_size=batch_size, dtypes=torch.float64))
-    return len(batches), str(batches[0]["id"].dtype), [int(i) for b in batches for i in b["id"]]
-
-
-def test_torch_batches_are_tensors_of_equal_count() -> None:
-    results = raydist.run(tensors, args=(16,), num_workers=2, datasets={"train": ray.data.range(75, override_num_blocks=3)})
-    assert results[0][0] == results[1][0] == 3 and results[0][1] == "torch.float64"
-    assert len(set(results[0][2]) | set(results[1][2])) == 74  # one row dropped to make the split row-equal
-
-
 def no_shard() -> None:
     raydist.get_dataset_shard("train")
 
@@ -192,7 +147,7 @@ def test_a_reader_killed_mid_epoch_restarts_on_a_fresh_split() -> None:
     per_rank = raydist.run(
         dies_in_epoch_zero,
         args=(10,),
-        num_workers=3,
+        num_workers=2,
         max_restarts=1,
         timeout=120,
         datasets={"train": ray.data.range(300, override_num_blocks=6)},
@@ -246,10 +201,66 @@ def ignores_the_shard() -> int:
 
 def test_datasets_on_a_ray_with_no_cpu_left_warn_at_submit(caplog: pytest.LogCaptureFixture) -> None:
     """Every CPU of the shared Ray held by the workers: Ray Data could never run a task."""
-    cpus = int(ray.cluster_resources()["CPU"])
-    with caplog.at_level(logging.WARNING, logger="raydist"), raydist.WorkerGroup(cpus, timeout=60) as group:
-        assert group.run(ignores_the_shard, datasets={"train": ray.data.range(8)}) == list(range(cpus))
+    cpus = ray.cluster_resources()["CPU"]
+    two_workers = raydist.WorkerGroup(2, timeout=60, resources_per_worker={"CPU": cpus / 2})
+    with caplog.at_level(logging.WARNING, logger="raydist"), two_workers as group:
+        assert group.run(ignores_the_shard, datasets={"train": ray.data.range(8)}) == [0, 1]
     warnings = [r.getMessage() for r in caplog.records if "Ray Data's tasks" in r.getMessage()]
-    assert len(warnings) == 1 and f"held by this group's {cpus} worker(s)" in warnings[0]
+    assert len(warnings) == 1 and f"{cpus:g} held by this group's 2 worker(s)" in warnings[0], warnings
     assert "resources_per_worker" in warnings[0]
     assert_all_gone()
+
+
+# -- calls on one group of the module (last: its workers hold CPUs until the module ends) --
+
+
+def test_random_layouts_give_equal_batches_disjoint_full_epochs(group: raydist.WorkerGroup) -> None:
+    """5 block layouts x 4 (batch size, buffer, drop_last, format) = 20 combinations, 2 epochs each."""
+    rng = random.Random(26)
+    for layout in range(5):
+        rows = rng.randint(30, 400)
+        cases = [
+            (rng.choice([1, 3, 7, 8, 16, 50]), rng.random() < 0.5, rng.choice([0, 5, 40]), rng.choice(["numpy", "pandas", "pyarrow"]))
+            for _ in range(4)
+        ]
+        per_rank = group.run(read_cases, args=("train", cases), datasets={"train": uneven_dataset(rows, rng)})
+        for index, (size, drop_last, buffer, fmt) in enumerate(cases):
+            try:
+                check_epochs([ranks[index] for ranks in per_rank], rows, size, drop_last)
+            except AssertionError as error:
+                raise AssertionError(
+                    f"layout {layout}: {rows} rows, batch {size}, buffer {buffer}, drop_last {drop_last}, {fmt}"
+                ) from error
+    assert live_data_actors() == []  # each call's split went with it
+
+
+def read_two(batch_size: int) -> Dict[str, List[int]]:
+    return {
+        name: [i for batch in raydist.get_dataset_shard(name).iter_batches(batch_size=batch_size) for i in ids_of(batch)]
+        for name in ("train", "eval")
+    }
+
+
+def test_every_row_split_and_a_dataset_given_whole(group: raydist.WorkerGroup) -> None:
+    config = raydist.DataConfig(datasets_to_split=["train"], equal=False)
+    results = group.run(
+        read_two,
+        args=(8,),
+        datasets={"train": ray.data.range(101, override_num_blocks=4), "eval": ray.data.range(20)},
+        dataset_config=config,
+    )
+    train = [i for result in results for i in result["train"]]
+    assert sorted(train) == list(range(101))  # every row, each once
+    assert all(sorted(result["eval"]) == list(range(20)) for result in results)  # whole on every rank
+    assert live_data_actors() == []  # the call's split went with it
+
+
+def tensors(batch_size: int) -> Tuple[int, str, List[int]]:
+    batches = list(raydist.get_dataset_shard("train").iter_torch_batches(batch_size=batch_size, dtypes=torch.float64))
+    return len(batches), str(batches[0]["id"].dtype), [int(i) for b in batches for i in b["id"]]
+
+
+def test_torch_batches_are_tensors_of_equal_count(group: raydist.WorkerGroup) -> None:
+    results = group.run(tensors, args=(16,), datasets={"train": ray.data.range(75, override_num_blocks=3)})
+    assert results[0][0] == results[1][0] == 3 and results[0][1] == "torch.float64"
+    assert len(set(results[0][2]) | set(results[1][2])) == 74  # one row dropped to make the split row-equal

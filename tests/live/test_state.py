@@ -54,18 +54,29 @@ def assert_resumed(results: List[Dict[str, Any]], reference: List[Dict[str, Any]
         assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
 
 
-@pytest.fixture(scope="module")
+def step_dir(step: int) -> str:
+    return f"step_{step:012d}"
+
+
+# Session-scoped: the tier runs this module's local-Ray tests and its cluster test
+# apart (pytest_collection_modifyitems), and a module fixture would run it twice.
+@pytest.fixture(scope="session")
 def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the reference run's per-rank state (4 ranks) is written."""
     return tmp_path_factory.mktemp("reference_state")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(reference_dir: Path) -> List[Dict[str, Any]]:
-    """The run without a failure; its state_dir also serves the world-size test."""
+    """The run without a failure; its state_dir also serves the world-size test
+    and is the first run of the second-run test."""
     use_local_ray()
     results = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=str(reference_dir))
     assert [r["resumed"] for r in results] == [None] * 4  # a first attempt finds nothing
+    # The last committed step was written before the run returned; a step superseded
+    # while the writer was busy is skipped, so one or two steps are kept (of state_keep=2).
+    kept = sorted(p.name for p in reference_dir.iterdir())
+    assert kept[-1] == step_dir(STEPS - 1) and len(kept) in (1, 2), kept
     assert_nothing_left()  # the run's keeper went with it
     return results
 
@@ -154,26 +165,27 @@ def test_torchrun_with_a_state_dir_saves_and_resumes(reference: List[Dict[str, A
     rank0 = torch.load(out, weights_only=False)
     assert rank0["attempt"] == 1 and rank0["resumed"] is not None and rank0["resumed"] < CRASH_AT
     assert torch.equal(rank0["weights"], reference[0]["weights"])
-    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [f"step_{s:012d}" for s in (STEPS - 2, STEPS - 1)]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [step_dir(s) for s in (STEPS - 2, STEPS - 1)]
 
 
-def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(reference: List[Dict[str, Any]], tmp_path: Path) -> None:
-    first = raydist.run(train, args=(CRASH_AT,), num_workers=4, state_dir=str(tmp_path))
-    assert [r["resumed"] for r in first] == [None] * 4
-    # The last committed step was written before the run returned; a step superseded
-    # while the writer was busy is skipped, so one or two steps are kept (of state_keep=2).
-    kept = sorted(p.name for p in tmp_path.iterdir())
-    assert kept[-1] == f"step_{CRASH_AT - 1:012d}" and len(kept) in (1, 2)
-    newest = tmp_path / f"step_{CRASH_AT - 1:012d}"
-    cut = tmp_path / f"step_{CRASH_AT + 3:012d}"  # a newer snapshot whose writer died: no marker
+def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(
+    reference: List[Dict[str, Any]], reference_dir: Path, tmp_path: Path
+) -> None:
+    # The reference run is the first run (its fixture checks what it kept); the second
+    # runs on a copy of its directory. Training on after a load from disk is the torchrun
+    # test's (fresh processes, bit-identical at the end).
+    state_dir = tmp_path / "state"
+    shutil.copytree(reference_dir, state_dir)
+    newest = state_dir / step_dir(STEPS - 1)
+    cut = state_dir / step_dir(STEPS + 3)  # a newer snapshot whose writer died: no marker
     cut.mkdir()
-    (cut / "meta.json").write_text((newest / "meta.json").read_text().replace(f'"step": {CRASH_AT - 1}', f'"step": {CRASH_AT + 3}'))
+    (cut / "meta.json").write_text((newest / "meta.json").read_text().replace(f'"step": {STEPS - 1}', f'"step": {STEPS + 3}'))
     shutil.copy(newest / "rank_00000.pt", cut / "rank_00000.pt")
     # The same directory as a file:// URI (as any pyarrow / fsspec URI is given).
-    second = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=tmp_path.as_uri())
-    assert [r["resumed"] for r in second] == [CRASH_AT - 1] * 4
-    for mine, theirs in zip(second, reference):
-        assert torch.equal(mine["weights"], theirs["weights"])
+    second = raydist.run(train, args=(STEPS,), num_workers=4, state_dir=state_dir.as_uri())
+    assert [r["resumed"] for r in second] == [STEPS - 1] * 4
+    for mine, theirs in zip(second, reference):  # the weights are the loaded ones
+        assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
     assert not state_actors()
 
 
@@ -181,11 +193,11 @@ def test_per_rank_state_refuses_another_world_size_and_shared_state_loads_anywhe
     reference: List[Dict[str, Any]], reference_dir: Path, tmp_path: Path
 ) -> None:
     # The reference run's per-rank state: 4 ranks.
-    with pytest.raises(raydist.WorkerGroupError, match="saved by 4 ranks with per-rank state.*this world has 2 ranks"):
-        raydist.run(train, args=(STEPS + 1,), num_workers=2, state_dir=str(reference_dir))
-    raydist.run(train, args=(3,), kwargs={"shared": True}, num_workers=2, state_dir=str(tmp_path))
-    results = raydist.run(train, args=(4,), kwargs={"shared": True}, num_workers=1, state_dir=str(tmp_path))
-    assert [r["resumed"] for r in results] == [2]
+    with pytest.raises(raydist.WorkerGroupError, match="saved by 4 ranks with per-rank state.*this world has 1 ranks"):
+        raydist.run(train, args=(STEPS + 1,), num_workers=1, state_dir=str(reference_dir))
+    raydist.run(train, args=(3,), kwargs={"shared": True}, num_workers=1, state_dir=str(tmp_path))
+    results = raydist.run(train, args=(4,), kwargs={"shared": True}, num_workers=2, state_dir=str(tmp_path))
+    assert [r["resumed"] for r in results] == [2, 2]
 
 
 def save_big(saves: int, megabytes: int) -> Dict[str, int]:
