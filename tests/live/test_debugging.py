@@ -56,29 +56,10 @@ def test_breakpoint_on_rank_one_of_raydist_run_opens_pdb_in_the_terminal() -> No
     assert child.exitstatus == 0, child.before
 
 
-RUN_SCRIPT = """
-import os, sys
-import ray, torch.distributed as dist
-import raydist
-
-
-def stop_on_rank_one() -> str:
-    if dist.get_rank() == 1:
-        breakpoint()
-    dist.barrier()
-    return os.environ["RANK"]
-
-
-if __name__ == "__main__":
-    ray.init(address=sys.argv[1])  # the session's Ray, named: never another one on the machine
-    print("results:", raydist.run(stop_on_rank_one, num_workers=2, resources_per_worker={"CPU": 0.5}), flush=True)
-"""
-
-
-def test_breakpoint_from_raydist_run_in_a_python_script(tmp_path: Path) -> None:
-    script = tmp_path / "breakpoint_run.py"
-    script.write_text(RUN_SCRIPT)
-    child = pexpect.spawn(sys.executable, [str(script), ray_address()], env=_env(), encoding="utf-8", timeout=START_S)
+def test_breakpoint_from_raydist_run_in_a_python_script() -> None:
+    child = pexpect.spawn(
+        sys.executable, [str(SCRIPTS / "breakpoint_run.py"), ray_address()], env=_env(), encoding="utf-8", timeout=START_S
+    )
     try:
         _debug_rank_one(child)
         child.expect_exact("results: ['0', '1']", timeout=60)

@@ -1,6 +1,7 @@
-"""raydist.run from a Python script, with a breakpoint() on rank 1."""
+"""raydist.run from a Python script, with a breakpoint() on rank 1; argv[1]: the Ray to attach to."""
 
 import os
+import sys
 
 import ray
 import torch.distributed as dist
@@ -16,6 +17,5 @@ def stop_on_rank_one() -> str:
 
 
 if __name__ == "__main__":
-    # A private Ray: never another one that happens to run on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address=sys.argv[1])  # named: never another Ray that happens to run on the machine
     print("results:", raydist.run(stop_on_rank_one, num_workers=2, resources_per_worker={"CPU": 0.5}), flush=True)
