@@ -164,7 +164,9 @@ def torchrun(mb: int, marks: str, shared: bool) -> Tuple[float, str]:
     with open(os.path.join(marks, "run.py"), "w") as file:
         file.write(script)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "1"]
-    subprocess.run([*command, os.path.join(marks, "run.py")], check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    result = subprocess.run([*command, os.path.join(marks, "run.py")], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if result.returncode != 0:
+        raise RuntimeError(f"torchrun exited {result.returncode}: {result.stderr[-3000:]}")
     return _recovery_seconds(marks)
 
 
