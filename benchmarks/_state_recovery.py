@@ -95,8 +95,11 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
             _fault(marks, rank, keep_node)
         busy(20)
         dist.barrier()
-        if disk and (rank == 0 or not shared):
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+        if disk:
+            if rank == 0 or not shared:  # under a temporary name: a rank killed while saving leaves the last whole file
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path + ".tmp")
+                os.replace(path + ".tmp", path)
+            dist.barrier()  # the step's checkpoint is whole on every rank before any goes on (and may crash)
         elif not disk:
             raydist.save_state(step, model=model, optimizer=optimizer, **(SHARED if shared else {}))
         if attempt > 0 and rank == 0 and not os.path.exists(os.path.join(marks, "first")):
