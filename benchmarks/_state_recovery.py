@@ -77,9 +77,11 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
     """Train, saving every step; attempt 0 fails at ``crash_at`` (``_fault``); rank 0
     of the next attempt writes when its first step after loading ended. ``disk``:
     torch.save/torch.load instead (``shared``: rank 0 saves one file, every rank loads it)."""
+    entered = time.time()
     _init_process_group()
     rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model, optimizer = build(mb)
+    built = time.time()
     path = os.path.join(disk, "shared.pt" if shared else f"rank{rank}.pt") if disk else ""
     if disk:
         start = None
@@ -90,6 +92,7 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
             start = saved["step"]
     else:
         start = raydist.load_state(model=model, optimizer=optimizer)
+    loaded = time.time()
     for step in range(0 if start is None else start + 1, steps):
         if attempt == 0 and step == crash_at:
             _fault(marks, rank, keep_node)
@@ -104,14 +107,21 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
             raydist.save_state(step, model=model, optimizer=optimizer, **(SHARED if shared else {}))
         if attempt > 0 and rank == 0 and not os.path.exists(os.path.join(marks, "first")):
             with open(os.path.join(marks, "first"), "w") as file:
-                file.write(f"{time.time()!r} {start}")
+                file.write(f"{time.time()!r} {start} {entered!r} {built!r} {loaded!r}")
 
 
-def _recovery_seconds(marks: str) -> Tuple[float, str]:
-    """Seconds from the fault to rank 0's first step after loading, and the step it resumed after."""
+Measured = Tuple[float, str, str]
+
+
+def _recovery_seconds(marks: str) -> Measured:
+    """Seconds from the fault to rank 0's first step after loading, the step it
+    resumed after, and where the time went (rank 0: until its function started,
+    building the model, loading the state, the first step)."""
     crashed = float(open(os.path.join(marks, "crash")).read())
-    first, start = open(os.path.join(marks, "first")).read().split()
-    return float(first) - crashed, start
+    first, start, *times = open(os.path.join(marks, "first")).read().split()
+    entered, built, loaded = (float(t) for t in times)
+    split = f"{entered - crashed:.2f} / {built - entered:.2f} / {loaded - built:.2f} / {float(first) - loaded:.2f}"
+    return float(first) - crashed, start, split
 
 
 def _wait_until(condition: Any, timeout: float, what: str) -> None:
@@ -122,7 +132,7 @@ def _wait_until(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)  # polling files the ranks write, with a deadline
 
 
-def node_loss(cluster: Any, mb: int, store_gib: float, marks: str) -> Tuple[float, str]:
+def node_loss(cluster: Any, mb: int, store_gib: float, marks: str) -> Measured:
     """4 ranks, two per node (SPREAD); at the fault's step a third node (as
     big) joins, then the node with two ranks that is not the driver's is removed;
     the run restarts warm with the lost ranks on the new node."""
@@ -158,7 +168,7 @@ def node_loss(cluster: Any, mb: int, store_gib: float, marks: str) -> Tuple[floa
     return _recovery_seconds(marks)
 
 
-def torchrun(mb: int, marks: str, shared: bool) -> Tuple[float, str]:
+def torchrun(mb: int, marks: str, shared: bool) -> Measured:
     """The crash under ``torchrun --standalone --nproc-per-node 4 --max-restarts 1``, torch.save/torch.load."""
     script = (
         f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import _state_recovery; "
@@ -187,7 +197,7 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
     the crash with a spare (and torchrun, the anchor)."""
     import shutil
 
-    measured: List[Tuple[str, Tuple[float, str]]] = []
+    measured: List[Tuple[str, Measured]] = []
     folders = []
     for label, options, disk in CRASHES[:1] if shared else CRASHES:
         folders.append(tempfile.mkdtemp())
@@ -203,4 +213,4 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     anchor = measured[-1][1][0]
-    return [f"| {label} | {seconds:.2f} | {start} | {anchor / seconds:.1f}x |" for label, (seconds, start) in measured]
+    return [f"| {label} | {seconds:.2f} | {start} | {anchor / seconds:.1f}x | {split} |" for label, (seconds, start, split) in measured]

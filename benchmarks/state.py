@@ -189,7 +189,7 @@ def print_recovery(options: argparse.Namespace, cluster: Any) -> None:
     where = "" if options.shared else f"; {NODE_LOSS!r}: a third node as big joins before the loss and takes the lost node's two ranks"
     print(
         f"\n## failure -> first step with the state restored (rank 0), {_what(options)}{where}\n\n"
-        "| case | seconds | resumed after step | faster than torchrun |\n|---|---|---|---|"
+        "| case | seconds | resumed after step | faster than torchrun | to the function / build / load / first step (s) |\n|---|---|---|---|---|"
     )
     for row in recovery_table(options.mb, cluster, options.store_gib, options.shared):
         print(row, flush=True)
