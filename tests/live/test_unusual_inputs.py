@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,25 @@ def test_a_world_of_one_has_its_process_group_and_memory_is_honoured_from_the_cl
     report = world_report(raydist_run(*flags, str(SCRIPTS / "world_report.py")))
     assert report["initialized"] is True and report["size"] == 1, f"a world of one: {report}"
     assert report["assigned"]["memory"] == 2e8, f"memory from the CLI: {report}"
+
+
+WORLD_OF_ONE = """
+import torch.distributed as dist
+from raydist.core.initialize import init_distributed
+init_distributed(device="cpu", world_of_one=True)  # as raydist's workers call it
+print("initialised", dist.get_world_size(), flush=True)
+"""
+
+
+def test_a_world_of_one_needs_no_free_port() -> None:
+    # Concurrent runs on a node each pick a free port; another process can take it
+    # before the store binds it. A world of one has no rendezvous, so no port at all.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        result = subprocess.run([sys.executable, "-c", WORLD_OF_ONE], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "initialised 1" in result.stdout, result.stderr[-3000:]
 
 
 # -- concurrent first calls ------------------------------------------------

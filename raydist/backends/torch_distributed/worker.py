@@ -30,7 +30,12 @@ def _init_process_group(
         # device: torch's NCCL backend starts it eagerly then, and from
         # torch 2.15 on requires it. (gloo keeps its CPU default.)
         kwargs["device_id"] = device_id
-    if "SLURM_PROCID" in os.environ:
+    if dist_url is None and os.environ.get("WORLD_SIZE") == "1" and "SLURM_PROCID" not in os.environ:
+        # A world of one needs no rendezvous: an in-process store leaves no
+        # port to lose to another run on the node between choosing and binding it.
+        del kwargs["init_method"]
+        kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+    elif "SLURM_PROCID" in os.environ:
         # SLURM sets no torch variables: pass rank/size explicitly, and export
         # them so later code (and torch helpers) see the torchrun names.
         world = read_world_info()
