@@ -20,7 +20,7 @@ from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
-from raydist.pool.worker.connections import Connection, find_free_port, shut_down, tcp_connections
+from raydist.pool.worker.connections import Connection, find_free_port, note_groups_created, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
@@ -118,7 +118,7 @@ class RayWorker:
         self._post_mortem = False
         self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
-        self._group_connections: FrozenSet[Connection] = frozenset()  # opened by init_distributed
+        self._group_connections: FrozenSet[Connection] = frozenset()  # opened by the process groups
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -168,7 +168,8 @@ class RayWorker:
             collectives.set_large_object_transport(RayObjectStoreTransport(threshold))
         if spec.backend_entry is not None:  # a backend registered on the driver only (a plugin)
             register_backend(spec.backend_entry)
-        if spec.init_kwargs is None:
+        if spec.init_kwargs is None:  # the code creates its process group: its connections are noted then
+            note_groups_created(self._note_connections)
             return None
         # A world of one gets its process group too: the run asked for one.
         before = tcp_connections()
@@ -176,6 +177,9 @@ class RayWorker:
         self._group_connections = tcp_connections() - before  # shut down for sure at teardown
         _freeze_imports()
         return context
+
+    def _note_connections(self, opened: FrozenSet[Connection]) -> None:
+        self._group_connections |= opened
 
     def _bind(self, spec: WorkerSpec) -> None:
         """torchrun's --numa-binding, before any user code runs; where it cannot

@@ -9,12 +9,16 @@ with this rank would then wait for the process group's timeout (30 min by
 default). So the worker notes which connections appeared while the process
 group started, and shuts each one down at teardown, if the same file
 descriptor still holds the same connection (never one Ray opened since).
+A process group the user's code creates itself (a torchrun script's
+``init_process_group``, a ``new_group``) is noted the same way, through
+``note_groups_created``.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
-from typing import AbstractSet, FrozenSet, Tuple
+from typing import AbstractSet, Any, Callable, FrozenSet, Tuple
 
 Connection = Tuple[int, Tuple[object, ...], Tuple[object, ...]]  # (fd, local address, remote address)
 
@@ -62,3 +66,34 @@ def shut_down(opened: FrozenSet[Connection]) -> int:
             except OSError:  # already shut down, or never connected
                 pass
     return closed
+
+
+def note_groups_created(opened: Callable[[FrozenSet[Connection]], None]) -> None:
+    """From now on, hand ``opened`` the connections each process group the
+    user's code creates opens (``torch.distributed.init_process_group`` and
+    ``new_group``, however the code reaches them): a script's own group,
+    left half-referenced by its failed call, would otherwise hold a peer's
+    warm restart for ``survivor_timeout``."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    for name in ("init_process_group", "new_group"):
+        original = getattr(distributed_c10d, name)
+        if getattr(original, "_raydist_noted", False):
+            continue  # once per process: a kept worker is set up again at each warm restart
+        noted = _noting(original, opened)
+        for module in (dist, distributed_c10d):
+            setattr(module, name, noted)
+
+
+def _noting(create: Callable[..., Any], opened: Callable[[FrozenSet[Connection]], None]) -> Callable[..., Any]:
+    @functools.wraps(create)
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        before = tcp_connections()
+        try:
+            return create(*args, **kwargs)
+        finally:
+            opened(tcp_connections() - before)
+
+    noted._raydist_noted = True  # type: ignore[attr-defined]
+    return noted
