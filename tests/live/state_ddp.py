@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,13 +23,14 @@ def train(
     steps: int,
     crash_at: Optional[int] = None,
     crash_rank: int = 1,
-    block_ranks: List[int] = (),  # type: ignore[assignment]
+    lose_node: str = "",
     marks: str = "",
     shared: bool = False,
 ) -> Dict[str, Any]:
     """``steps`` steps of DDP (torch's DistributedDataParallel, gloo); on attempt 0, rank ``crash_rank`` dies at the
-    start of step ``crash_at`` (or, with ``block_ranks``, those ranks mark the
-    step in ``marks`` and block there until their node is removed)."""
+    start of step ``crash_at`` (or, with ``marks``, every rank marks the step
+    there, with its node, and those on ``lose_node`` block until that node is
+    removed; the others go on into the collective)."""
     if not dist.is_initialized():
         _init_process_group()
     rank = dist.get_rank()
@@ -48,8 +49,11 @@ def train(
     for step in range(0 if resumed is None else resumed + 1, steps):
         if attempt == 0 and step == crash_at:
             if marks:
-                Path(marks, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
-                if rank in block_ranks:
+                import ray
+
+                node = ray.get_runtime_context().get_node_id()
+                Path(marks, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "node": node}))
+                if node == lose_node:
                     threading.Event().wait()  # until the node goes; the others block in all_reduce
             elif rank == crash_rank:
                 os._exit(3)

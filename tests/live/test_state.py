@@ -232,16 +232,17 @@ def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -
 # -- a simulated 2-node cluster (ordered after the local Ray's tests) ----------------
 
 
-@pytest.mark.nodes({"num_cpus": 4}, {"num_cpus": 2})
+@pytest.mark.nodes({"num_cpus": 2}, {"num_cpus": 2}, {"num_cpus": 2})  # the elastic tests' shape: a warm cluster
 def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], cluster: Any, tmp_path: Path) -> None:
     outcome: Dict[str, Any] = {}
+    lost = next(iter(cluster.worker_nodes))  # SPREAD puts a rank on every node
 
     def target() -> None:
         try:
             outcome["results"] = raydist.run(
                 train,
                 args=(STEPS, CRASH_AT),
-                kwargs={"block_ranks": [2, 3], "marks": str(tmp_path)},
+                kwargs={"lose_node": lost.node_id, "marks": str(tmp_path)},
                 num_workers=4,
                 max_restarts=1,
                 placement_strategy="SPREAD",
@@ -252,9 +253,12 @@ def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], clus
     thread = threading.Thread(target=target)
     thread.start()
     wait_for(lambda: len(list(tmp_path.glob("rank-*.json"))) == 4, 240, "4 ranks at the fault's step")
-    head = ray.get_runtime_context().get_node_id()
-    cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id != head))
+    marked = [json.loads(path.read_text()) for path in tmp_path.glob("rank-*.json")]
+    assert lost.node_id in {mark["node"] for mark in marked}
+    cluster.remove_node(lost)
     thread.join(RUN_TIMEOUT_S)
     assert "error" not in outcome, outcome.get("error")
     assert_resumed(outcome["results"], reference)
+    survivors = {mark["pid"] for mark in marked if mark["node"] != lost.node_id}
+    assert survivors <= {r["pid"] for r in outcome["results"]}  # kept their process, loaded from memory
     assert_nothing_left(within=30, files=False)  # the lost node's workers left their files
