@@ -6,6 +6,7 @@ import functools
 import gc
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
-from raydist.pool.worker.connections import Connection, find_free_port, note_groups_created, shut_down, tcp_connections
+from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
@@ -29,6 +30,8 @@ from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 # imported only inside the actor's methods, so a driver never loads it.
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
+
+STORE_TIMEOUT_S = 300.0  # rank 0's held store's own client (torch's default); the ranks' clients keep theirs
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -119,13 +122,16 @@ class RayWorker:
         self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
         self._group_connections: FrozenSet[Connection] = frozenset()  # opened by the process groups
+        self._reserved: Optional[socket.socket] = None  # the free port this worker offered for MASTER_PORT
+        self._store: Any = None  # rank 0: the rendezvous store on MASTER_PORT, held for the world's life
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
 
     def describe(self, index: int, used_ports: AbstractSet[int] = frozenset()) -> Placement:
         """Where this worker runs, and a free port for MASTER_PORT other than
-        the group's earlier ones (`used_ports`)."""
+        the group's earlier ones (`used_ports`), held until set-up (rank 0's
+        store then listens on it: no other run on the node can take it between)."""
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = self._evidence
@@ -140,7 +146,7 @@ class RayWorker:
             node_ip=ray.util.get_node_ip_address(),
             pid=os.getpid(),
             accelerator_ids=tuple(str(i) for i in ids),
-            free_port=find_free_port(avoid=used_ports),
+            free_port=self._reserve_port(used_ports),
             evidence=evidence,
         )
 
@@ -155,6 +161,7 @@ class RayWorker:
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={spec.worker.rank}", file=stream, flush=True)
         os.environ.update(spec.env)
+        self._hold_master_port(spec.worker.rank)
         state_client.install(spec.env)  # save_state/load_state keep copies with the run's holders
         debugger.install()  # breakpoint() opens pdb in the driver's terminal, not Ray's debugpy hook
         self._post_mortem = spec.config.post_mortem
@@ -177,6 +184,27 @@ class RayWorker:
         self._group_connections = tcp_connections() - before  # shut down for sure at teardown
         _freeze_imports()
         return context
+
+    def _reserve_port(self, used_ports: AbstractSet[int]) -> int:
+        self._release_port()
+        self._reserved = reserve_port(avoid=used_ports)
+        return int(self._reserved.getsockname()[1])
+
+    def _hold_master_port(self, rank: int) -> None:
+        """Rank 0 turns the port it reserved into the world's store (any
+        ``init_process_group`` here then shares it); the others let theirs go."""
+        reserved, self._reserved = self._reserved, None
+        if reserved is None:
+            return
+        if rank == 0 and os.environ.get("MASTER_PORT") == str(reserved.getsockname()[1]):
+            self._store = hold_store(reserved, os.environ.get("MASTER_ADDR", "127.0.0.1"), STORE_TIMEOUT_S)
+        else:
+            reserved.close()
+
+    def _release_port(self) -> None:
+        reserved, self._reserved, self._store = self._reserved, None, None
+        if reserved is not None:
+            reserved.close()
 
     def _note_connections(self, opened: FrozenSet[Connection]) -> None:
         self._group_connections |= opened
@@ -279,3 +307,4 @@ class RayWorker:
         # this rank would wait for the process group's timeout. Close them now.
         shut_down(self._group_connections)
         self._group_connections = frozenset()
+        self._release_port()  # the world's store goes with it

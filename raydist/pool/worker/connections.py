@@ -1,5 +1,6 @@
-"""A process group's TCP side: a MASTER_PORT not used before, and the
-connections the group opened, closed for sure at teardown.
+"""A process group's TCP side: a MASTER_PORT not used before, held from the
+moment it is chosen, and the connections the group opened, closed for sure
+at teardown.
 
 gloo has no abort, and destroying a process group closes its connections
 only once nothing references it any more; after a failed call, something
@@ -23,17 +24,42 @@ from typing import AbstractSet, Any, Callable, FrozenSet, Tuple
 Connection = Tuple[int, Tuple[object, ...], Tuple[object, ...]]  # (fd, local address, remote address)
 
 
-def find_free_port(avoid: AbstractSet[int] = frozenset()) -> int:
-    """A port free now, other than those in `avoid`: the kernel may hand back
-    a port it gave before, and a restart must not reuse an earlier attempt's
-    MASTER_PORT (a straggler of that world could reach the new store)."""
+def reserve_port(avoid: AbstractSet[int] = frozenset()) -> socket.socket:
+    """A socket bound to a free port other than those in `avoid` (the kernel
+    may hand back a port it gave before, and a restart must not reuse an
+    earlier attempt's MASTER_PORT: a straggler of that world could reach the
+    new store). Bound, the port is this process's: no other run on the node
+    can take it before the store listens on it (``hold_store``)."""
     for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        if port not in avoid:
-            return port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("", 0))
+        if int(sock.getsockname()[1]) not in avoid:
+            return sock
+        sock.close()
     raise RuntimeError(f"no free port outside the {len(avoid)} the group used before")
+
+
+def hold_store(reserved: socket.socket, host: str, timeout_s: float) -> Any:
+    """Rank 0's rendezvous store, listening on the port it reserved. Shared
+    (``multi_tenant``): the ``init_process_group`` that follows, raydist's or
+    the script's own (``env://``, ``tcp://``), finds it in this process and
+    uses it rather than binding the port again."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    reserved.listen()
+    port = int(reserved.getsockname()[1])
+    return TCPStore(
+        host,
+        port,
+        None,
+        True,
+        datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=reserved.detach(),  # the store owns the socket now
+    )
 
 
 def tcp_connections() -> FrozenSet[Connection]:

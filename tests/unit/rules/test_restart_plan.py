@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-import pytest
-
 from raydist.config import RunConfig
 from raydist.pool.records import ClusterNode, Placement, WorkerInfo
 from raydist.pool.rules.layout import assign_ranks
 from raydist.pool.rules.restart_plan import RestartPlan, Seat, plan_restart, restart_summary
 from raydist.pool.rules.sizing import infeasibility
-from raydist.pool.worker.connections import find_free_port
 
 
 def world(nodes: Sequence[Tuple[str, int]]) -> List[WorkerInfo]:
@@ -171,10 +168,3 @@ def test_a_spares_devices_count_in_its_nodes_visible_list() -> None:
     assert [w.device_index for w in workers] == [0, 1]  # LOCAL_RANK still names the device
     env = standby_env(spare, [spare], ranked, BY_NAME["gpu"])
     assert env == {"CUDA_VISIBLE_DEVICES": "0,1,2", "RAYDIST_DEVICE_INDEX": "2"}
-
-
-def test_a_new_master_port_is_never_one_the_group_used_before() -> None:
-    used = {find_free_port() for _ in range(200)}  # ports the kernel hands out now
-    assert all(find_free_port(avoid=used) not in used for _ in range(50))
-    with pytest.raises(RuntimeError, match="no free port"):
-        find_free_port(avoid=frozenset(range(65536)))
