@@ -22,7 +22,7 @@ from raydist.core.environment import WorldInfo, read_world_info
 def _init_process_group(
     backend: str, dist_url: Optional[str], timeout: Optional[datetime.timedelta], device_id: Optional[torch.device]
 ) -> None:
-    kwargs: Dict[str, Any] = {"backend": backend, "init_method": dist_url or "env://"}
+    kwargs: Dict[str, Any] = {"backend": backend}
     if timeout is not None:
         kwargs["timeout"] = timeout
     if device_id is not None and backend != "gloo":
@@ -33,9 +33,10 @@ def _init_process_group(
     if dist_url is None and os.environ.get("WORLD_SIZE") == "1" and "SLURM_PROCID" not in os.environ:
         # A world of one needs no rendezvous: an in-process store leaves no
         # port to lose to another run on the node between choosing and binding it.
-        del kwargs["init_method"]
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
-    elif "SLURM_PROCID" in os.environ:
+    else:
+        kwargs["init_method"] = dist_url or "env://"
+    if "SLURM_PROCID" in os.environ:
         # SLURM sets no torch variables: pass rank/size explicitly, and export
         # them so later code (and torch helpers) see the torchrun names.
         world = read_world_info()

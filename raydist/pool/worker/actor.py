@@ -31,8 +31,6 @@ from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
 
-STORE_TIMEOUT_S = 300.0  # rank 0's held store's own client (torch's default); the ranks' clients keep theirs
-
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback from the user's first frame: raydist's own frames around
@@ -197,7 +195,7 @@ class RayWorker:
         if reserved is None:
             return
         if rank == 0 and os.environ.get("MASTER_PORT") == str(reserved.getsockname()[1]):
-            self._store = hold_store(reserved, os.environ.get("MASTER_ADDR", "127.0.0.1"), STORE_TIMEOUT_S)
+            self._store = hold_store(reserved, os.environ.get("MASTER_ADDR", "127.0.0.1"))
         else:
             reserved.close()
 

@@ -39,7 +39,7 @@ def reserve_port(avoid: AbstractSet[int] = frozenset()) -> socket.socket:
     raise RuntimeError(f"no free port outside the {len(avoid)} the group used before")
 
 
-def hold_store(reserved: socket.socket, host: str, timeout_s: float) -> Any:
+def hold_store(reserved: socket.socket, host: str, timeout_s: float = 300.0) -> Any:
     """Rank 0's rendezvous store, listening on the port it reserved. Shared
     (``multi_tenant``): the ``init_process_group`` that follows, raydist's or
     the script's own (``env://``, ``tcp://``), finds it in this process and
@@ -53,9 +53,9 @@ def hold_store(reserved: socket.socket, host: str, timeout_s: float) -> Any:
     return TCPStore(
         host,
         port,
-        None,
-        True,
-        datetime.timedelta(seconds=timeout_s),
+        world_size=None,  # the ranks' own clients say how many there are
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),  # this object's own client (torch's default)
         wait_for_workers=False,
         multi_tenant=True,
         master_listen_fd=reserved.detach(),  # the store owns the socket now
