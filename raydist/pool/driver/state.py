@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import ray
 
@@ -21,6 +21,7 @@ from raydist.config import RunConfig
 from raydist.pool.worker.state_client import NAMESPACE, SETTINGS_VAR
 
 RELEASE_TIMEOUT = 300.0  # seconds to finish writing the last step to state_dir
+DEATH_TIMEOUT = 30.0  # seconds for Ray to report the killed keeper and holders dead
 
 
 def new_state_name() -> str:
@@ -73,16 +74,24 @@ def abort_state(name: str, world: int) -> None:
 
 
 def release_state(name: str, owned: bool = True) -> None:
-    """Write the last committed step out, then kill the keeper (its holders die with it);
-    nothing when the caller does not own the state (a group of a run)."""
+    """Write the last committed step out, then kill the keeper and its holders and
+    return once Ray reports them dead (as a group's workers are), so nothing of the
+    run's state outlives it; nothing when the caller does not own the state (a
+    group of a run)."""
     if not owned or not ray.is_initialized():
         return
     try:
         keeper = ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return  # no rank saved: nothing was made
+    holders: List[Any] = []
     try:
         ray.get(keeper.close.remote(), timeout=RELEASE_TIMEOUT)
+        holders = [holder for _, holder in ray.get(keeper.holders.remote(), timeout=DEATH_TIMEOUT)]
     except Exception:  # noqa: BLE001 - killed below regardless
         pass
-    ray.kill(keeper, no_restart=True)
+    actors = [keeper, *holders]
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    # A call on a killed actor fails once Ray knows it is dead.
+    ray.wait([actor.held_bytes.remote() for actor in actors], num_returns=len(actors), timeout=DEATH_TIMEOUT)
