@@ -42,7 +42,8 @@ test: install-test
 
 # The repetition variants at the counts the acceptance lists ask for (20
 # layout runs, 30 failing runs, 200 horovod re-inits, ...): leaks and rare
-# races that a short run would miss.
+# races that a short run would miss; and the behaviours `make test` checks
+# once, again through their other entry points, shapes and examples.
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak tests/live
 

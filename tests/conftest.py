@@ -32,11 +32,11 @@ RAYDIST_ACTORS = ("RayWorker", "NodeAgent", "StateKeeper")  # StateKeeper: save_
 
 
 def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
-    """A repetition count: ``quick`` in ``make test``, ``soak`` (the count the
-    acceptance asks for) under the ``soak`` marker, run by ``make soak``."""
-    return pytest.mark.parametrize(
-        "repeat", [pytest.param(quick, id=f"x{quick}"), pytest.param(soak, id=f"x{soak}", marks=pytest.mark.soak)]
-    )
+    """A repetition count: ``quick`` in ``make test`` (0: the test runs only in
+    ``make soak``), ``soak`` (the count the acceptance asks for) under the
+    ``soak`` marker, run by ``make soak``."""
+    counts = [pytest.param(quick, id=f"x{quick}")] if quick else []
+    return pytest.mark.parametrize("repeat", [*counts, pytest.param(soak, id=f"x{soak}", marks=pytest.mark.soak)])
 
 
 # -- the one Ray this test process is attached to --------------------------

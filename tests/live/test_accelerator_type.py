@@ -32,7 +32,8 @@ GPU_NODES = [
     {"num_cpus": 2, "num_gpus": 2, "resources": {"accelerator_type:H100": 1}},
 ]
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.nodes(HEAD, *GPU_NODES)]
+# soak: the accelerator-type matrix on its own cluster shape
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(300), pytest.mark.nodes(HEAD, *GPU_NODES)]
 
 
 def types_by_node() -> Dict[str, str]:

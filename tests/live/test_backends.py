@@ -91,7 +91,7 @@ def outcome(backend: Optional[str], world: int) -> Tuple[Dict[str, Dict[str, Any
     return tuple(raydist.run(collectives_with_arrivals, num_workers=world, backend=backend, object_store_threshold=THRESHOLD))
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3, pytest.param(2, marks=pytest.mark.soak)])
 @pytest.mark.parametrize("backend", [None, HOROVOD], ids=["torch.distributed", "horovod"])
 def test_object_collectives_are_right(backend: Optional[str], world: int) -> None:
     for rank, result in enumerate(outcome(backend, world)):
@@ -109,14 +109,14 @@ def test_object_collectives_are_right(backend: Optional[str], world: int) -> Non
             assert out["still_owned"] == 0
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3, pytest.param(2, marks=pytest.mark.soak)])
 @pytest.mark.skipif(not _horovod_installed(), reason="horovod is installed by `make test`")
 def test_horovod_gives_what_torch_distributed_gives(world: int) -> None:
     for through_horovod, through_torch in zip(outcome("horovod", world), outcome(None, world)):
         assert_same(through_horovod, through_torch)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3, pytest.param(2, marks=pytest.mark.soak)])
 @pytest.mark.parametrize("backend", [None, HOROVOD], ids=["torch.distributed", "horovod"])
 def test_gather_and_scatter_deliver_only_to_their_ranks(backend: Optional[str], world: int) -> None:
     # With the object-store path installed: gather must not turn into an

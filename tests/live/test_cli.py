@@ -214,6 +214,7 @@ def test_torchrun_script_gives_the_same_loss_as_under_torchrun(attached_env: Dic
     assert abs(float(ours_loss[0]) - float(torchrun_loss[0])) <= 1e-6, (ours_loss, torchrun_loss)
 
 
+@pytest.mark.soak  # the example end to end (its parts run in make test)
 def test_open_clip_style_example(attached_env: Dict[str, str]) -> None:
     result = raydist(["run", "-n", "2", "--accelerator", "cpu", "examples/open_clip_style.py", "--steps", "6"], attached_env)
     assert result.returncode == 0, explain(result)
@@ -504,6 +505,7 @@ def token_head() -> Iterator[RayHead]:
         head.stop()
 
 
+@pytest.mark.soak  # a real `ray start --head` and `ray job submit`
 @pytest.mark.timeout(240)
 def test_ray_job_submit_runs_a_torchrun_script_on_a_cluster(token_head: RayHead, tmp_path: Path) -> None:
     head = token_head

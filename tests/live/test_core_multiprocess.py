@@ -43,7 +43,7 @@ def check_rank(result: dict, rank: int, world: int, local_rank: int, local_world
     assert result["context_after_shutdown"] is True
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [3, pytest.param(2, marks=pytest.mark.soak)])
 def test_torchrun_ranks(tmp_path: Path, nproc: int) -> None:
     run_torchrun("core_worker.py", nproc, tmp_path)
     results = load_results(tmp_path, nproc)

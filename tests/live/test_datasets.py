@@ -25,7 +25,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, assert_nothing_left, ray_address, use_local_ray, wait_for
+from conftest import REPO, assert_nothing_left, ray_address, repeats, use_local_ray, wait_for
 
 import raydist
 
@@ -176,6 +176,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.soak  # the CLI entry point of datasets
 def test_split_dataset_in_a_raydist_run_script(tmp_path: Path) -> None:
     script = tmp_path / "split.py"
     script.write_text(SCRIPT)
@@ -214,10 +215,12 @@ def test_datasets_on_a_ray_with_no_cpu_left_warn_at_submit(caplog: pytest.LogCap
 # -- calls on one group of the module (last: its workers hold CPUs until the module ends) --
 
 
-def test_random_layouts_give_equal_batches_disjoint_full_epochs(group: raydist.WorkerGroup) -> None:
-    """5 block layouts x 4 (batch size, buffer, drop_last, format) = 20 combinations, 2 epochs each."""
+@repeats(2, 5)
+def test_random_layouts_give_equal_batches_disjoint_full_epochs(group: raydist.WorkerGroup, repeat: int) -> None:
+    """``repeat`` block layouts x 4 (batch size, buffer, drop_last, format), 2 epochs each:
+    8 combinations in make test, 20 in make soak."""
     rng = random.Random(26)
-    for layout in range(5):
+    for layout in range(repeat):
         rows = rng.randint(30, 400)
         cases = [
             (rng.choice([1, 3, 7, 8, 16, 50]), rng.random() < 0.5, rng.choice([0, 5, 40]), rng.choice(["numpy", "pandas", "pyarrow"]))

@@ -56,6 +56,7 @@ def test_breakpoint_on_rank_one_of_raydist_run_opens_pdb_in_the_terminal() -> No
     assert child.exitstatus == 0, child.before
 
 
+@pytest.mark.soak  # the API entry point of pdb (the CLI one runs in make test)
 def test_breakpoint_from_raydist_run_in_a_python_script() -> None:
     child = pexpect.spawn(
         sys.executable, [str(SCRIPTS / "breakpoint_run.py"), ray_address()], env=_env(), encoding="utf-8", timeout=START_S
@@ -69,6 +70,7 @@ def test_breakpoint_from_raydist_run_in_a_python_script() -> None:
     assert child.exitstatus == 0, child.before
 
 
+@pytest.mark.soak  # a second rank at a breakpoint
 def test_a_second_rank_waits_its_turn_and_says_so() -> None:
     command = _raydist_run(str(SCRIPTS / "breakpoint_rank1.py"), "--both")
     child = pexpect.spawn(command[0], command[1:], env=_env(), encoding="utf-8", timeout=START_S)

@@ -37,7 +37,11 @@ def die_on_rank_one(how: str) -> None:
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.parametrize(
     "how, cause",
-    [("abort", "killed by SIGABRT"), ("exit", "exited with status 7 (os._exit)"), ("sigkill", "SIGKILL")],
+    [
+        ("sigkill", "SIGKILL"),
+        pytest.param("abort", "killed by SIGABRT", marks=pytest.mark.soak),
+        pytest.param("exit", "exited with status 7 (os._exit)", marks=pytest.mark.soak),
+    ],
 )
 def test_a_dead_rank_is_reported_with_its_cause_and_last_stderr_lines(how: str, cause: str) -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:

@@ -141,6 +141,7 @@ def test_min_that_can_never_fit_fails_at_once(cluster: Any) -> None:
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.soak  # a wait on a cluster that grows (the min/max start runs in make test)
 def test_min_that_fits_only_later_waits_with_progress_then_starts(cluster: Any, capfd: pytest.CaptureFixture) -> None:
     wait_until_idle()
     # Another job holds two nodes (a placement group: no processes to start), leaving room for 1.
@@ -175,6 +176,7 @@ def test_losing_a_node_restarts_with_the_workers_that_fit(cluster: Any, tmp_path
     assert order[0] == survivors[0]  # the driver's node stays first
 
 
+@pytest.mark.soak  # a cluster that grows (a node loss's restart runs in make test)
 def test_a_node_that_joins_is_used_after_a_restart_to_grow(cluster: Any, tmp_path: Path) -> None:
     # Start from two nodes, whichever test ran on this cluster before.
     extra = len([n for n in ray.nodes() if n["Alive"]]) - 2
@@ -241,6 +243,7 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
     assert live_placement_groups() == []
 
 
+@pytest.mark.soak  # the CLI's --nnodes MIN:MAX; the API's min/max runs in make test
 def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     # In this process, attached to the cluster: a subprocess would only add its imports.
     script = tmp_path / "world.py"
@@ -268,6 +271,7 @@ def _draining() -> Dict[str, float]:
     return draining_nodes()
 
 
+@pytest.mark.soak  # a second drain case (a drained node's warning runs in make test)
 def test_draining_the_drivers_node_fails_at_once_instead_of_restarting(cluster: Any, tmp_path: Path) -> None:
     # Last in this module: it leaves the head draining. Ray starts no new
     # actors anywhere while the driver's node drains, so a restart could only hang.

@@ -78,6 +78,7 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return {"result": result, "marker": marker, "checkpoints": tmp / "checkpoints"}
 
 
+@pytest.mark.soak  # the example under torchrun (the preemption warning runs in make test)
 @pytest.mark.timeout(120)
 def test_runs_under_torchrun_alone(torchrun_run: Dict[str, Any]) -> None:
     result = torchrun_run["result"]
@@ -94,7 +95,7 @@ def test_runs_under_torchrun_alone(torchrun_run: Dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("warning", ["SIGTERM", "deadline file"])
+@pytest.mark.parametrize("warning", ["SIGTERM", pytest.param("deadline file", marks=pytest.mark.soak)])
 def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, warning: str) -> None:
     """One process (world size 1, torchrun's variables set by hand). The
     warning comes as torchrun gives it (SIGTERM alone) or as raydist does with
@@ -151,6 +152,7 @@ def test_a_preemption_warning_saves_a_checkpoint_then_exits_143(tmp_path: Path, 
     assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == step
 
 
+@pytest.mark.soak  # the example end to end; node losses run in make test (test_elastic, test_state)
 @pytest.mark.timeout(150)
 def test_losing_a_node_resumes_from_the_checkpoint_on_fewer_workers(cluster: Any, torchrun_run: Dict[str, Any], tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"

@@ -43,6 +43,7 @@ def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numb
     assert_nothing_left()
 
 
+@pytest.mark.soak  # a second kind of divergence (a skipped collective is named in make test)
 def test_a_different_op_at_the_same_sequence_number_is_named_as_a_mismatch() -> None:
     with pytest.raises(raydist.WorkerGroupTimeout) as caught:
         raydist.run(last_rank_skips_the_sixth, args=("broadcast",), num_workers=3, timeout=8, resources_per_worker=HALF_CPU)
@@ -80,6 +81,7 @@ def test_stacks_of_a_live_group_say_where_the_collectives_diverged() -> None:
         future.cancel()
 
 
+@pytest.mark.soak  # the recorder switched off (on, it runs in make test)
 def test_flight_recorder_off_reports_no_collectives() -> None:
     with pytest.raises(raydist.WorkerGroupTimeout) as caught:
         raydist.run(last_rank_skips_the_sixth, num_workers=2, timeout=8, resources_per_worker=HALF_CPU, flight_recorder=False)
@@ -99,6 +101,7 @@ for step in range(1, 7):
 """
 
 
+@pytest.mark.soak  # the CLI entry point of hang attribution
 def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None:
     script = tmp_path / "skip.py"
     script.write_text(SCRIPT)

@@ -163,6 +163,7 @@ def test_a_finished_scope_does_not_reset_another_scopes_progress(stock: bool, mo
         server.stop()
 
 
+@pytest.mark.soak  # the example end to end (its parts run in make test)
 @pytest.mark.usefixtures("ray_local")
 def test_horovod_example_trains() -> None:
     # Attached to the session's Ray (as a user with RAY_ADDRESS set): a private Ray's start is not under test here.
@@ -180,6 +181,7 @@ def test_horovod_example_trains() -> None:
     assert_nothing_left(within=15)  # the example's driver exit ends its actors asynchronously
 
 
+@pytest.mark.soak  # horovod on a second node layout (its ranks on one node run in make test)
 @pytest.mark.nodes({"num_cpus": 2}, {"num_cpus": 2}, {"num_cpus": 2})  # the elastic tests' shape: a warm cluster
 @pytest.mark.usefixtures("cluster")
 def test_two_node_layout_matches_horovod_local_and_cross_ranks() -> None:

@@ -117,7 +117,11 @@ def interrupt_at(script: Path, temp_dir: Path, moment: float) -> None:
             driver.wait()
 
 
-@pytest.mark.parametrize("moment", MOMENTS_S)
+# make test interrupts during Ray's start, the workers' start and the script's run; make soak at every moment.
+QUICK_MOMENTS_S = (0.5, 1.5, 3.5, 9.0)
+
+
+@pytest.mark.parametrize("moment", [m if m in QUICK_MOMENTS_S else pytest.param(m, marks=pytest.mark.soak) for m in MOMENTS_S])
 def test_sigint_at_any_moment_stops_the_run_and_everything_it_started(tmp_path: Path, moment: float) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOPING_SCRIPT)

@@ -23,7 +23,8 @@ from raydist.core.accelerators import BY_NAME
 HEAD = {"num_cpus": 4, "num_gpus": 4, "resources": {"NPU": 4}}
 SMALL = {"num_cpus": 2, "num_gpus": 2, "resources": {"NPU": 2}}
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(HEAD, SMALL), pytest.mark.usefixtures("cluster")]
+# soak: the device matrix on its own cluster shape (the devices a rank picks are unit-tested)
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(240), pytest.mark.nodes(HEAD, SMALL), pytest.mark.usefixtures("cluster")]
 
 
 def where_am_i(kind: str) -> Dict[str, Any]:

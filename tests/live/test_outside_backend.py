@@ -103,6 +103,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.soak  # an installed plugin through the CLI (a registered backend runs in make test)
 def test_an_installed_plugin_backend_runs_through_raydist_run_cli(tmp_path: Path, cli_env: Dict[str, str]) -> None:  # noqa: F811 - the imported fixture
     # An installed distribution that declares the backend, as `pip install` would leave it.
     dist_info = tmp_path / "site" / "tagged_backend-1.0.dist-info"

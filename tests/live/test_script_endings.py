@@ -47,7 +47,7 @@ def explain(result: subprocess.CompletedProcess) -> str:
     return f"exit status {result.returncode}\n--- stdout:\n{result.stdout}\n--- stderr:\n{result.stderr}"
 
 
-@pytest.mark.parametrize("launcher", ["raydist", "torchrun"])
+@pytest.mark.parametrize("launcher", ["raydist", pytest.param("torchrun", marks=pytest.mark.soak)])  # torchrun: the reference
 def test_a_scripts_atexit_handlers_run_when_it_ends(tmp_path: Path, launcher: str) -> None:
     args = [str(SCRIPTS / "atexit_script.py"), str(tmp_path)]
     result = raydist_run("-n", "2", *args) if launcher == "raydist" else torchrun(*args)

@@ -63,6 +63,7 @@ def test_a_world_of_one_has_its_process_group() -> None:
     assert raydist.run(group_state, num_workers=1, init_process_group=False) == [[False, 0]]
 
 
+@pytest.mark.soak  # the CLI entry point of a world of one
 def test_a_world_of_one_has_its_process_group_and_memory_is_honoured_from_the_cli() -> None:
     # One run for both (each costs a CLI process and a worker): -n 1 with --backend and a memory resource.
     flags = ["-n", "1", "--backend", "gloo", "--resources-per-worker", '{"CPU": 1, "memory": 200000000}']
@@ -112,6 +113,7 @@ print("RESULT " + json.dumps({"found": found, "errors": errors}), flush=True)
 """
 
 
+@pytest.mark.soak  # a start-up race between threads (eight threads of calls run in make test)
 def test_two_threads_making_the_first_run_share_one_ray_that_outlives_them() -> None:
     # Ray's socket paths must stay under 107 characters: a short private temp dir.
     ray_tmp = tempfile.mkdtemp(prefix="rd", dir="/tmp" if os.path.isdir("/tmp") else None)

@@ -263,6 +263,7 @@ def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
     return seen
 
 
+@pytest.mark.soak  # test_state's scripts restart in both modes in make test
 @pytest.mark.usefixtures("ray_local")
 def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path) -> None:
     warm = script_pids(tmp_path, "--restart-mode", "warm")
@@ -296,6 +297,7 @@ def test_horovod_shuts_down_and_initialises_again_in_the_same_processes() -> Non
 # -- a simulated cluster ----------------------------------------------------------------
 
 
+@pytest.mark.soak  # test_state's node loss checks the survivors' processes in make test
 @pytest.mark.nodes(*[{"num_cpus": 2}] * 3)
 def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster: Any, tmp_path: Path) -> None:
     outcome: Dict[str, Any] = {}
