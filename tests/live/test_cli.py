@@ -566,6 +566,7 @@ def test_token_protected_cluster_without_a_token_says_what_to_set(token_head: Ra
     assert "rank 0 finished" in result.stdout, explain(result)
 
 
+@pytest.mark.soak  # a second error-file case (test_script_endings' runs in make test)
 def test_a_record_script_shows_its_error_file_as_torchrun_does(attached_env: Dict[str, str]) -> None:
     script = "tests/scripts/record_fail.py"
     ours = raydist(["run", "-n", "2", "--accelerator", "cpu", script], attached_env)

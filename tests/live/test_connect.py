@@ -124,6 +124,7 @@ RAY_SHUTDOWN_DURING_A_CALL = """
 """
 
 
+@pytest.mark.soak  # Ray shut down under a call
 def test_ray_shutdown_during_a_call_is_a_clear_error_and_starts_no_new_ray(clean_env: Dict[str, str]) -> None:
     result = python(RAY_SHUTDOWN_DURING_A_CALL, clean_env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RuntimeError:")]

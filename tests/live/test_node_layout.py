@@ -215,6 +215,7 @@ def test_no_python_runs_a_program_and_its_status_comes_back(cluster: Any, capfd:
     assert "program rank 0" in result["out"] and "program rank 1" in result["out"], result
 
 
+@pytest.mark.soak  # a node loss under the layout (node losses run in make test: test_elastic, test_state)
 def test_losing_a_node_shrinks_by_whole_nodes(cluster: Any, tmp_path: Path) -> None:
     wait_until_idle()
     outcome: Dict[str, Any] = {}

@@ -48,6 +48,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.soak  # a killed driver (a run's state left nothing behind runs in make test)
 def test_a_killed_driver_leaves_no_keeper_or_holder(ray_local: None, tmp_path: Path) -> None:
     script, marks, state_dir = tmp_path / "driver.py", tmp_path / "marks", tmp_path / "state"
     script.write_text(DRIVER)

@@ -67,6 +67,7 @@ class Stoppable:
         self.stopped.set()
 
 
+@pytest.mark.soak  # test_state's crash with a spare runs in make test
 @pytest.mark.usefixtures("ray_local")
 def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
