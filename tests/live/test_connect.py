@@ -144,7 +144,7 @@ PRIVATE_HEAD = """
     from ray._private import utils
     from ray._private.node import Node
     originals = (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error)
-    raydist.run(print, num_workers=1, address="local")
+    raydist.run(print, num_workers=1)  # no address: the record of a `ray start` here is dead (the test wrote it)
     def command(process):
         try:
             return " ".join(process.cmdline())
@@ -159,7 +159,15 @@ PRIVATE_HEAD = """
 
 
 def test_a_private_ray_starts_only_what_a_run_needs(clean_env: Dict[str, str]) -> None:
-    result = python(PRIVATE_HEAD, clean_env)
+    # A head that was killed leaves `ray start`'s record, which ray.init() would retry for minutes.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+        record = Path(clean_env["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
+        record.parent.mkdir()
+        record.write_text(dead)
+        result = python(PRIVATE_HEAD, clean_env)
+    assert f"the Ray cluster last started on this machine ({dead}, recorded in {record}) does not answer" in result.stderr, explain(result)
     lines = [line for line in result.stdout.splitlines() if line.startswith("HEAD ")]
     assert len(lines) == 1, explain(result)
     head = json.loads(lines[0][len("HEAD ") :])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -104,7 +105,8 @@ def connect(address: Optional[str] = None, *, startup_timeout: float = 300.0, st
 
     ``address`` (else RAY_ADDRESS) names a cluster; without one, ``ray.init()``
     joins a cluster started with ``ray start`` on this machine or starts a
-    private local Ray (``standalone``: always a private one). A cluster that
+    private local Ray (``standalone``: always a private one); a record of a
+    ``ray start`` whose head no longer answers is passed over, with a warning. A cluster that
     cannot be reached, does not answer within ``startup_timeout`` or rejects
     this driver's token raises ConnectionError naming the address.
     """
@@ -123,6 +125,8 @@ _connect_lock = threading.Lock()
 def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -> bool:
     ray_private.quiet_token_notice()
     address, source = resolve_address(address, standalone)
+    if address is None:
+        address = _unless_the_recorded_cluster_is_gone()
     if address in (None, "local"):
         _start_private_ray(address)
         return True
@@ -137,6 +141,26 @@ def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -
     except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
         raise ConnectionError(f"cannot connect to the Ray cluster at {address} (from {source}): {error}") from None
     return True
+
+
+def _unless_the_recorded_cluster_is_gone() -> Optional[str]:
+    """``"local"`` where ``ray.init()`` would join the cluster the last ``ray
+    start`` here recorded and nothing answers there (its head was killed):
+    Ray would retry it for minutes. None lets ``ray.init()`` decide."""
+    recorded, path = ray_private.recorded_cluster()
+    if recorded is None:
+        return None
+    try:
+        _check_reachable(recorded, path)
+    except ConnectionError:
+        print(
+            f"raydist: the Ray cluster last started on this machine ({recorded}, recorded in {path}) does not answer: "
+            "starting a private Ray instead (`ray stop` removes the record; pass an address to use a cluster)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return "local"
+    return None
 
 
 def _start_private_ray(address: Optional[str]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psutil
 import ray
@@ -158,6 +158,20 @@ def available_resources_per_node() -> Dict[str, Dict[str, float]]:
     except Exception as error:  # noqa: BLE001 - a private API of another Ray version
         warn_once("available", f"cannot read free resources per node ({type(error).__name__}: {error}); using totals")
         return {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+
+
+def recorded_cluster() -> Tuple[Optional[str], str]:
+    """The address the last ``ray start`` on this machine recorded, which
+    ``ray.init()`` without an address joins, and the file it is in (None
+    where there is no record). ``ray stop`` removes the record; a head that
+    was killed or crashed leaves it behind."""
+    try:
+        from ray._common.utils import get_ray_address_file
+
+        path = get_ray_address_file(None)
+        return ray._private.utils.read_ray_address(None) or None, path
+    except Exception:  # noqa: BLE001 - a private API of another Ray version: ray.init() decides alone
+        return None, ""
 
 
 def start_private_ray(**options: Any) -> None:
