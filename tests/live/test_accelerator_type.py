@@ -32,7 +32,8 @@ GPU_NODES = [
     {"num_cpus": 2, "num_gpus": 2, "resources": {"accelerator_type:H100": 1}},
 ]
 
-# soak: the accelerator-type matrix on its own cluster shape
+# soak: the accelerator-type matrix on its own cluster shape (which nodes match is unit-tested:
+# tests/unit/rules/test_node_rules.py; GPU requests on a cluster run in make test: test_faults)
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(300), pytest.mark.nodes(HEAD, *GPU_NODES)]
 
 

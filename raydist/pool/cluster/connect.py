@@ -106,9 +106,10 @@ def connect(address: Optional[str] = None, *, startup_timeout: float = 300.0, st
     ``address`` (else RAY_ADDRESS) names a cluster; without one, ``ray.init()``
     joins a cluster started with ``ray start`` on this machine or starts a
     private local Ray (``standalone``: always a private one); a record of a
-    ``ray start`` whose head no longer answers is passed over, with a warning. A cluster that
-    cannot be reached, does not answer within ``startup_timeout`` or rejects
-    this driver's token raises ConnectionError naming the address.
+    ``ray start`` whose head no longer answers is passed over, with a
+    warning. A cluster that cannot be reached, does not answer within
+    ``startup_timeout`` or rejects this driver's token raises ConnectionError
+    naming the address.
     """
     if ray.is_initialized():
         return False
