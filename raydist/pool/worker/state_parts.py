@@ -25,10 +25,12 @@ Packed = Tuple[Any, List["np.ndarray"]]  # (the state with slots, the tensors' b
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where a tensor was: its index among the arrays, its dtype and shape."""
+    """Where a tensor was: its index among the arrays, its dtype's name and
+    its shape. The name, not the ``torch.dtype``: the keeper and the holders
+    unpickle parts without importing torch (seconds of CPU and ~300 MB each)."""
 
     index: int
-    dtype: "torch.dtype"
+    dtype: str  # "float32": torch.float32's name in the torch module
     shape: Tuple[int, ...]
 
 
@@ -107,7 +109,7 @@ def _pack_tensor(value: "torch.Tensor", arrays: List["np.ndarray"]) -> Any:
     tensor = tensor.resolve_conj().resolve_neg()  # lazy bits: the bytes as the values read (no copy without them)
     flat = tensor.contiguous().reshape(-1)
     arrays.append(flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8))
-    return _Slot(len(arrays) - 1, tensor.dtype, tuple(tensor.shape))
+    return _Slot(len(arrays) - 1, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
 
 def _unpack(value: Any, arrays: List["np.ndarray"]) -> Any:
@@ -115,8 +117,9 @@ def _unpack(value: Any, arrays: List["np.ndarray"]) -> Any:
     import torch
 
     if isinstance(value, _Slot):
+        dtype = getattr(torch, value.dtype)
         data = torch.from_numpy(np.array(arrays[value.index], copy=True))
-        return data.view(value.dtype).reshape(value.shape) if data.numel() else torch.empty(value.shape, dtype=value.dtype)
+        return data.view(dtype).reshape(value.shape) if data.numel() else torch.empty(value.shape, dtype=dtype)
     if isinstance(value, dict):
         unpacked = {k: _unpack(v, arrays) for k, v in value.items()}
         if type(value) is dict:

@@ -3,7 +3,9 @@ without Ray: every kind of value comes back equal, in memory of its own."""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import pickle
+from typing import Any, Set
 
 import numpy as np
 import torch
@@ -38,6 +40,20 @@ def test_a_packed_state_comes_back_equal_in_writable_memory_of_its_own() -> None
     assert back["progress"] == {"seen": 7} and back["odd"][3] == (1, "a")
     model = torch.nn.Linear(4, 3)
     model.load_state_dict(unpack(pack(state))["model"])
+
+
+def test_a_packed_module_and_optimizer_unpickle_without_torch() -> None:
+    """The keeper and the holders only hold parts: they never import torch for them."""
+    skeleton, _ = pack(trained())
+    modules: Set[str] = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            modules.add(module)
+            return super().find_class(module, name)
+
+    Recording(io.BytesIO(pickle.dumps(skeleton))).load()
+    assert modules and not {m for m in modules if m.split(".")[0] == "torch"}, modules
 
 
 def test_host_copy_reuses_the_memory_of_an_earlier_copy_where_it_fits() -> None:
