@@ -15,6 +15,10 @@ from raydist.errors import CallEnd, CollectiveEntry  # noqa: F401 - CallEnd re-e
 if TYPE_CHECKING:
     from raydist.config import RunConfig
 
+# Calls up to this size travel inside each actor task (no object-store round
+# trip), and a worker keeps the last one: the same call again is sent without it.
+INLINE_CALL_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class WorkerEvidence:

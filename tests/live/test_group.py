@@ -98,6 +98,11 @@ def add(x: int, y: int = 0) -> int:
     return dist.get_rank() * 100 + x + y
 
 
+def append_one(items: List[int]) -> int:
+    items.append(1)
+    return len(items)
+
+
 def test_worker_group_reuses_one_process_group_across_calls() -> None:
     with raydist.WorkerGroup(2) as group:
         pids = [w.pid for w in group.workers]
@@ -105,6 +110,8 @@ def test_worker_group_reuses_one_process_group_across_calls() -> None:
         assert group.run(os.getpid) == pids
         for call in range(20):
             assert group.run(add, args=(call,), kwargs={"y": 1}) == [call + 1, 100 + call + 1]
+        for _ in range(3):  # the same call again (its bytes not sent again): its arguments are fresh each time
+            assert group.run(append_one, args=([],)) == [1, 1]
         future = group.submit(add, args=(5,))
         assert future.result(timeout=60) == [5, 105]
         assert future.done()

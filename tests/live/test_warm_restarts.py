@@ -128,7 +128,9 @@ def test_a_survivor_stuck_past_the_bound_is_replaced_and_a_call_sent_meanwhile_r
         restarting = threading.Thread(target=wait_failed)
         restarting.start()
         wait_for(lambda: group.phase is GroupPhase.RESTARTING, 60, "the warm restart to begin")
-        pids = group.run(stuck_survivor)  # sent during the restart: runs once the new world is up
+        # Sent during the restart: runs once the new world is up. The same call as the failed
+        # one: the replaced ranks get its bytes (they kept no earlier call).
+        pids = group.run(stuck_survivor)
         restarting.join(60)
         assert ended and isinstance(ended[0], raydist.WorkerGroupError), ended  # the failed call raised
         assert pids == [w.pid for w in group.workers] and group.restart_count == 1, "the call ran in the new world"

@@ -25,14 +25,11 @@ from raydist.pool.driver import signals
 from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import Attachment, World
-from raydist.pool.records import CallEnd, Outcome
+from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, Outcome
 
-__all__ = ["INLINE_CALL_BYTES", "CallHooks", "WorkerFuture", "error_for", "forward_signal", "prepare_call"]
+__all__ = ["INLINE_CALL_BYTES", "CallHooks", "KeptCall", "WorkerFuture", "error_for", "forward_signal", "prepare_call", "send_call"]
 
 logger = logging.getLogger("raydist")
-
-# Calls up to this size travel inside each actor task (no object-store round trip).
-INLINE_CALL_BYTES = 64 * 1024
 
 
 def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
@@ -50,6 +47,21 @@ def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optio
             except Exception as part_error:  # noqa: BLE001 - any pickling failure names the part
                 raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
+
+
+KeptCall = Optional[Tuple[int, bytes]]  # (a world's attempt, the small call its ranks keep)
+
+
+def send_call(world: World, call: bytes, kept: KeptCall) -> Tuple[List[ray.ObjectRef], KeptCall]:
+    """Send ``call`` to every rank of ``world``; its refs, and what the ranks keep
+    now (``kept``: what they kept before). A big call is stored once, read by
+    every rank; a small one they kept goes without its bytes (an actor task's
+    argument costs more than a warm call), unpickled afresh all the same."""
+    if len(call) > INLINE_CALL_BYTES:
+        stored = ray.put(call)
+        return [actor.execute.remote(stored) for actor in world.actors], None
+    sent = () if kept == (world.attempt, call) else (call,)
+    return [actor.execute.remote(*sent) for actor in world.actors], (world.attempt, call)
 
 
 @dataclass(frozen=True)

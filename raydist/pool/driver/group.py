@@ -23,7 +23,7 @@ from raydist.config import RunConfig, make_config
 from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
 from raydist.pool.cluster.connect import connect, connected_session
 from raydist.pool.driver.agents import explain_deaths
-from raydist.pool.driver.calls import INLINE_CALL_BYTES, CallHooks, WorkerFuture, error_for, forward_signal, prepare_call
+from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, error_for, forward_signal, prepare_call, send_call
 from raydist.pool.driver.datasets import CallData, WorldSplit, check_datasets, split_for_world
 from raydist.pool.driver.hooks import GroupHooks, group_hooks
 from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
@@ -42,7 +42,7 @@ from raydist.pool.rules.stragglers import Straggler
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["INLINE_CALL_BYTES", "WorkerFuture", "WorkerGroup", "WorkerInfo", "prepare_call", "start_group"]
+__all__ = ["WorkerFuture", "WorkerGroup", "WorkerInfo", "prepare_call", "start_group"]
 
 logger = logging.getLogger("raydist")
 
@@ -65,6 +65,7 @@ class WorkerGroup:
     _hooks: GroupHooks
     _life: Lifecycle
     _calls: int
+    _last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
     _holdings: Optional[Holdings]
     _world: Optional[World]
     _restarts_used: int
@@ -310,9 +311,8 @@ def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tup
         split = split_for_world(group._world, data, lambda: group.held_resources, partial(attach, group))  # queued before the call
         world = group._world
         assert world is not None
-        sent: Any = ray.put(call) if len(call) > INLINE_CALL_BYTES else call  # big: stored once, read by every rank
         # One lock around the sends: every rank queues calls in the same order.
-        refs = [actor.execute.remote(sent) for actor in world.actors]
+        refs, group._last_call = send_call(world, call, group._last_call)
         number, group._calls = group._calls, group._calls + 1
     return world, refs, number, split
 

@@ -18,7 +18,7 @@ import ray
 import ray.cloudpickle
 
 from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
-from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
+from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
@@ -98,12 +98,12 @@ def _raised_in_collective(error: BaseException) -> bool:
     return any(os.path.join("torch", "distributed") in name for name in files[-3:])
 
 
-def _sent_compact(execute: Callable[[Any, bytes], Outcome]) -> Callable[[Any, bytes], Any]:
+def _sent_compact(execute: Callable[[Any, Optional[bytes]], Outcome]) -> Callable[[Any, Optional[bytes]], Any]:
     """A plain success goes back as its bare value (``Outcome.to_send``): the
     driver reads either form."""
 
     @functools.wraps(execute)
-    def run(self: Any, call: bytes) -> Any:
+    def run(self: Any, call: Optional[bytes] = None) -> Any:
         return execute(self, call).to_send()
 
     return run
@@ -122,6 +122,7 @@ class RayWorker:
         self._group_connections: FrozenSet[Connection] = frozenset()  # opened by the process groups
         self._reserved: Optional[socket.socket] = None  # the free port this worker offered for MASTER_PORT
         self._store: Any = None  # rank 0: the rendezvous store on MASTER_PORT, held for the world's life
+        self._last_call = b""  # the last small call: execute() without one runs it again
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -220,9 +221,10 @@ class RayWorker:
 
     @_sent_compact
     @marks_output  # lets the driver wait for the lines this call printed
-    def execute(self, call: bytes) -> Outcome:
-        """Run ``fn(*args, **kwargs)`` pickled as one blob by the driver."""
-        started = time.time()
+    def execute(self, call: Optional[bytes] = None) -> Outcome:
+        """Run ``fn(*args, **kwargs)`` pickled as one blob by the driver (None: the last small one again)."""
+        started, call = time.time(), self._last_call if call is None else call
+        self._last_call = call if len(call) <= INLINE_CALL_BYTES else b""  # unpickled afresh each time
         try:
             fn, args, kwargs = ray.cloudpickle.loads(call)
             with user_code_interruptible():  # a forwarded SIGINT: KeyboardInterrupt here, death elsewhere

@@ -67,7 +67,7 @@ def marks_output(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any
     failed call, mark both (the driver cannot be told which)."""
 
     @functools.wraps(execute)
-    def run(self: Any, call: Any) -> Any:
+    def run(self: Any, call: Any = None) -> Any:
         number = next(_calls)
         token = os.environ.get(MARKER_VAR)
         if not token:
