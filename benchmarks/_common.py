@@ -122,10 +122,29 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     print(flush=True)
 
 
+def _cpu_ticks() -> List[int]:
+    """The machine's CPU time by kind since boot (/proc/stat; empty where there is none)."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(v) for v in stat.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
+_TICKS_AT_START = _cpu_ticks()
+
+
 def load_line() -> str:
-    """Load averages: figures taken while other work ran on the machine say so."""
+    """Load averages, and the share of the cores' time a hypervisor took since this
+    benchmark started (steal): figures taken while other work ran on the machine,
+    or on a virtual machine whose cores were shared, say so."""
     one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+    line = f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+    now = _cpu_ticks()
+    if now and _TICKS_AT_START:
+        spent = [b - a for a, b in zip(_TICKS_AT_START, now)]
+        line += f", {100 * spent[7] / max(1, sum(spent)):.0f} % of their time stolen since the start"
+    return line
 
 
 def header(name: str) -> None:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import expose_to_workers, machine_line, two_simulated_nodes
+from _common import expose_to_workers, load_line, machine_line, two_simulated_nodes
 from _state_recovery import NODE_LOSS, SHARED, build, busy, recovery_table
 
 import raydist
@@ -221,7 +221,7 @@ def main() -> None:
             print_recovery(options, cluster)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        print(f"\nload average at the end: {os.getloadavg()}")
+        print(f"\nAt the end: {load_line()}")
         ray.shutdown()
         cluster.shutdown()
 

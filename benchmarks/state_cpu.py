@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import expose_to_workers, machine_line, two_simulated_nodes
+from _common import expose_to_workers, load_line, machine_line, two_simulated_nodes
 from state import SHARED, build
 
 import raydist
@@ -160,7 +160,7 @@ def main() -> None:
     for label, shared in (("per-rank state", False), ("shared state", True)):
         args = (options.mb, options.saves, shared, options.gap)
         report(label, raydist.run(profile, args=args, num_workers=4, placement_strategy="SPREAD"), options.saves)
-    print(f"\nload average at the end: {os.getloadavg()}")
+    print(f"\nAt the end: {load_line()}")
     ray.shutdown()
     cluster.shutdown()
 
