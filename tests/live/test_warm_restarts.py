@@ -24,6 +24,7 @@ from conftest import REPO, assert_nothing_left, ray_address, wait_for
 
 import raydist
 from raydist.pool.driver.group import attach
+from raydist.pool.driver.spares import REFILL_DELAY_S
 from raydist.pool.records import GroupPhase
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,9 +89,12 @@ def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.L
         assert [r["pid"] for r in results] == after
         assert {(r["world"], r["attempt"]) for r in results} == {(2, 1)}
         assert [r["env_rank"] for r in results] == ["0", "1"]
-        # A new spare, in a new process, appears in the background.
+        # A new spare, in a new process, appears in the background, once the new world had its first seconds.
         wait_for(lambda: len(group.spares) == 1, 120, "a new spare")
         assert group.spares[0].pid not in before + spares
+        restarted = next(r.created for r in caplog.records if "warm restart:" in r.getMessage())
+        row = next(a for a in ray._private.state.actors().values() if a["Pid"] == group.spares[0].pid)
+        assert row["StartTime"] / 1000 - restarted >= REFILL_DELAY_S - 0.5, (row["StartTime"], restarted)
     assert "1 from a spare, 0 fresh" in caplog.text and "1 rank(s) kept their process" in caplog.text
     assert_nothing_left(within=30)
 
