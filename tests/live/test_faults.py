@@ -144,6 +144,7 @@ def maybe_fail(index: int) -> int:
 
 
 @pytest.mark.usefixtures("ray_local")
+@pytest.mark.timeout(900)  # up to 30 runs of 2 fresh workers: 5-6 s each on 2 cores, more while the host steals them
 @repeats(2, 30)  # quick: one failing run and one that succeeds
 def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
     for index in range(repeat):
