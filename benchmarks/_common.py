@@ -132,6 +132,7 @@ def _cpu_ticks() -> List[int]:
 
 
 _TICKS_AT_START = _cpu_ticks()
+STEAL = 7  # /proc/stat's eighth column: time the hypervisor ran something else on this machine's cores
 
 
 def load_line() -> str:
@@ -143,7 +144,7 @@ def load_line() -> str:
     now = _cpu_ticks()
     if now and _TICKS_AT_START:
         spent = [b - a for a, b in zip(_TICKS_AT_START, now)]
-        line += f", {100 * spent[7] / max(1, sum(spent)):.0f} % of their time stolen since the start"
+        line += f", {100 * spent[STEAL] / max(1, sum(spent)):.0f} % of their time stolen since the start"
     return line
 
 

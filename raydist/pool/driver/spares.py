@@ -63,8 +63,7 @@ class SparePool:
         self._lock = threading.Lock()
         self._ready: List[Spare] = []
         self._starting: dict = {}  # bundle -> actor (None: reserved, waiting REFILL_DELAY_S)
-        self._closed = False
-        self._closing = threading.Event()
+        self._closed = threading.Event()  # set by close(): wakes a refill waiting out its delay
 
     def adopt(self, spares: Sequence[Spare], workers: Sequence[Placement]) -> None:
         """Spares started with the group: pin their devices now (not waited for)."""
@@ -111,11 +110,11 @@ class SparePool:
             threading.Thread(target=self._start_one, args=(seat, workers), name="raydist-spare", daemon=True).start()
 
     def _start_one(self, seat: Seat, workers: Callable[[], List[Placement]]) -> None:
-        if self._closing.wait(REFILL_DELAY_S):
+        if self._closed.wait(REFILL_DELAY_S):
             return  # closed meanwhile: nothing was started
         actor = new_worker(self._pg, seat.bundle, self._bundle, self._accelerator.ray_resource)
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 ray.kill(actor, no_restart=True)
                 return
             self._starting[seat.bundle] = actor
@@ -127,11 +126,11 @@ class SparePool:
             ray.get(actor.stand_by.remote(env, self._accelerator.device_type), timeout=self._timeout)
             spare = Spare(actor, placement)
         except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
-            if not self._closed:  # else the group was shut down meanwhile and killed it
+            if not self._closed.is_set():  # else the group was shut down meanwhile and killed it
                 logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)
         with self._lock:
             self._starting.pop(seat.bundle, None)
-            if spare is not None and not self._closed:
+            if spare is not None and not self._closed.is_set():
                 self._ready.append(spare)
                 return
         if ray.is_initialized():
@@ -140,8 +139,7 @@ class SparePool:
     def close(self) -> List[Any]:
         """Stop refilling; every spare actor (ready or starting), to kill."""
         with self._lock:
-            self._closed = True
-            self._closing.set()
+            self._closed.set()
             actors = [s.actor for s in self._ready] + [a for a in self._starting.values() if a is not None]
             self._ready, self._starting = [], {}
         return actors
