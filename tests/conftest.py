@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -165,6 +167,53 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _shutdown_current()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _clear_after_a_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed test may leave a run going in a thread of its own (a group
+    holding the warm cluster's CPUs): end it, so that the next test finds
+    the cluster free and the failure is reported once, not again by every
+    test after it."""
+    yield
+    if request.node.stash.get(_FAILED, False) and "ray" in sys.modules:
+        _end_what_a_test_left(timeout=60)
+
+
+def _end_what_a_test_left(timeout: float) -> None:
+    import psutil
+    import ray
+    from ray import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    if not ray.is_initialized():
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = [
+            t
+            for t in threading.enumerate()
+            if not t.daemon and t is not threading.main_thread() and not t.name.startswith("pytest_timeout")
+        ]
+        for pg_id in live_placement_groups():
+            ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+        for actor in live_raydist_actors():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(actor["Pid"]).kill()  # every simulated node is on this machine
+        if not running and not _ray_leftovers():
+            return
+        time.sleep(0.5)  # the test's own thread sees its workers go and ends: poll, with a deadline
 
 
 # -- what Ray and the machine hold -----------------------------------------

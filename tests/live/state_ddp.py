@@ -7,14 +7,13 @@ failed. A fault happens on the first attempt only."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
+from marks import write_mark
 
 import raydist
 
@@ -52,7 +51,7 @@ def train(
                 import ray
 
                 node = ray.get_runtime_context().get_node_id()
-                Path(marks, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "node": node}))
+                write_mark(marks, f"rank-{rank}.json", {"rank": rank, "pid": os.getpid(), "node": node})
                 if node == lose_node:
                     threading.Event().wait()  # until the node goes; the others block in all_reduce
             elif rank == crash_rank:

@@ -24,6 +24,7 @@ import ray
 import torch
 import torch.distributed as dist
 from conftest import live_placement_groups
+from marks import read_marks, write_mark
 
 import raydist
 from raydist import cli
@@ -56,7 +57,7 @@ def where(marker_dir: Optional[str] = None) -> Dict[str, Any]:
         "preemption_file": os.environ.get("RAYDIST_PREEMPTION_FILE"),
     }
     if marker_dir is not None and info["restart_count"] == 0:
-        Path(marker_dir, f"rank-{info['rank']}.json").write_text(json.dumps(info))
+        write_mark(marker_dir, f"rank-{info['rank']}.json", info)
         while True:
             dist.all_reduce(torch.ones(1))
     return info
@@ -67,7 +68,7 @@ def wait_for_files(directory: Path, count: int, timeout: float = 120) -> List[Di
     while len(list(directory.glob("rank-*.json"))) < count:
         assert time.monotonic() < deadline, f"only {len(list(directory.glob('rank-*.json')))} of {count} ranks started"
         time.sleep(0.1)  # polling files the ranks write, with a deadline
-    return [json.loads(path.read_text()) for path in sorted(directory.glob("rank-*.json"))]
+    return read_marks(directory)
 
 
 def wait_until_idle(timeout: float = 30) -> None:

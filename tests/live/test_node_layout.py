@@ -23,6 +23,7 @@ import pytest
 import ray
 import ray.cloudpickle
 from conftest import live_placement_groups, repeats
+from marks import write_mark
 
 import raydist
 from raydist import cli
@@ -61,7 +62,7 @@ def seen(marker_dir: Optional[str] = None) -> Dict[str, Any]:
     info: Dict[str, Any] = {key: os.environ[key] for key in ENV_KEYS}
     info["node_id"] = ray.get_runtime_context().get_node_id()
     if marker_dir is not None and info["TORCHELASTIC_RESTART_COUNT"] == "0":
-        Path(marker_dir, f"rank-{info['RANK']}.json").write_text(json.dumps(info))
+        write_mark(marker_dir, f"rank-{info['RANK']}.json", info)
         threading.Event().wait()  # until the node loss tears the group down
     return info
 

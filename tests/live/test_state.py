@@ -21,6 +21,7 @@ import pytest
 import ray
 import torch
 from conftest import REPO, assert_nothing_left, use_local_ray, wait_for
+from marks import read_marks
 from state_ddp import train
 
 import raydist
@@ -253,7 +254,7 @@ def test_a_node_loss_resumes_bit_identical(reference: List[Dict[str, Any]], clus
     thread = threading.Thread(target=target)
     thread.start()
     wait_for(lambda: len(list(tmp_path.glob("rank-*.json"))) == 4, 240, "4 ranks at the fault's step")
-    marked = [json.loads(path.read_text()) for path in tmp_path.glob("rank-*.json")]
+    marked = read_marks(tmp_path)
     assert lost.node_id in {mark["node"] for mark in marked}
     cluster.remove_node(lost)
     thread.join(RUN_TIMEOUT_S)

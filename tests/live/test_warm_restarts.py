@@ -21,6 +21,7 @@ import ray.cloudpickle
 import torch
 import torch.distributed as dist
 from conftest import REPO, assert_nothing_left, ray_address, wait_for
+from marks import read_marks, write_mark
 
 import raydist
 from raydist.pool.driver.group import attach
@@ -41,7 +42,7 @@ def crash_rank(rank: int, marker: Optional[str] = None) -> Dict[str, Any]:
     attempts: each rank says who and where it is."""
     me = dist.get_rank()
     if marker is not None and attempt() == 0:
-        Path(marker, f"rank-{me}.json").write_text(json.dumps({"pid": os.getpid()}))
+        write_mark(marker, f"rank-{me}.json", {"pid": os.getpid()})
     if attempt() == 0:
         dist.barrier()
         if me == rank:
@@ -319,7 +320,7 @@ def test_after_a_node_loss_every_surviving_rank_runs_in_its_old_process(cluster:
     thread.start()
     wait_for(lambda: len(list(tmp_path.glob("rank-*.json"))) == 6, 180, "6 ranks running")
     head = ray.get_runtime_context().get_node_id()
-    first = {json.loads(p.read_text())["pid"] for p in tmp_path.glob("rank-*.json")}
+    first = {mark["pid"] for mark in read_marks(tmp_path)}
     victim = next(node for node in cluster.worker_nodes if node.node_id != head)
     cluster.remove_node(victim)
     thread.join(180)
