@@ -208,13 +208,14 @@ def save_big(saves: int, megabytes: int) -> Dict[str, int]:
     rank 0 reads what the holders keep after each."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     tensor = torch.zeros(megabytes * 2**20 // 4 // world)
-    most, keeper = 0, None
+    most = 0
+    assert raydist.load_state(weights={"t": tensor}) is None  # a first attempt: nothing yet
+    # load_state started the keeper (a loop's first steps overlap its start): it is there before any save.
+    keeper = ray.get_actor(json.loads(os.environ["RAYDIST_STATE"])["name"], namespace="raydist-state")
     for step in range(saves):
         tensor += 1
         raydist.save_state(step, weights={"t": tensor})
         if rank == 0 and step > 0:  # step - 1 is committed now (this save waited for it)
-            if keeper is None:  # made by the first save; looked up once
-                keeper = ray.get_actor(json.loads(os.environ["RAYDIST_STATE"])["name"], namespace="raydist-state")
             holders = ray.get(keeper.holders.remote())
             most = max(most, sum(ray.get([h.held_bytes.remote() for _, h in holders])))
     return {"most": most}

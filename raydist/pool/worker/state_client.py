@@ -189,6 +189,12 @@ class RayStateStore(StateStore):
         if ahead is not None and ahead.fits(rank, world_size):
             # No rank of this attempt can have committed a newer step: it needs this rank's save.
             return ahead.take(lambda: self._load(rank, world_size, create=bool(self._settings.get("state_dir"))))
+        if _world() == 0 and not self._settings.get("state_dir") and not self._own:
+            # Nothing can be committed before this rank's first save. The keeper is started
+            # now, not by that save: its start overlaps the loop's first steps instead of
+            # holding up the second save (which waits for the first to be committed).
+            self._keeper_handle(create=True)
+            return None
         return self._load(rank, world_size, create=bool(self._settings.get("state_dir")))
 
     def _load(self, rank: int, world_size: int, create: bool) -> Found:

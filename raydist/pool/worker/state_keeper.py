@@ -1,7 +1,7 @@
 """The actors that hold training-state copies for a run, outside the ranks.
 
 The primary keeper, on the driver's node, is created by the first rank that
-saves (detached, named after the run, so that it outlives every rank and
+calls ``load_state`` or ``save_state`` (detached, named after the run, so that it outlives every rank and
 every attempt; the driver kills it when the run ends) and creates one
 holder on every other node (a second one on a one-node cluster). It holds
 copies itself, records commits (``CommitLog``), tells the holders what they
