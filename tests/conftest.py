@@ -208,9 +208,9 @@ def _end_what_a_test_left(timeout: float) -> None:
         ]
         for pg_id in live_placement_groups():
             ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
-        for actor in live_raydist_actors():
+        for pid in [actor["Pid"] for actor in live_raydist_actors() if actor["Pid"]]:  # 0: not started yet
             with contextlib.suppress(psutil.Error):
-                psutil.Process(actor["Pid"]).kill()  # every simulated node is on this machine
+                psutil.Process(pid).kill()  # every simulated node is on this machine
         if not running and not _ray_leftovers():
             return
         time.sleep(0.5)  # the test's own thread sees its workers go and ends: poll, with a deadline
