@@ -6,7 +6,8 @@ that it outlives every rank and every attempt; the driver kills it when the
 run ends) and creates one holder on every other node (a second one on a
 one-node cluster). It holds copies itself, records commits
 (``CommitLog``), tells the holders what they may drop, and writes committed
-steps to ``state_dir`` in the background. A holder is created by the primary, so it dies with it.
+steps to ``state_dir`` in the background. A holder is created by the
+primary, so it dies with it.
 """
 
 from __future__ import annotations
