@@ -208,9 +208,12 @@ def _end_what_a_test_left(timeout: float) -> None:
         ]
         for pg_id in live_placement_groups():
             ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
-        for pid in [actor["Pid"] for actor in live_raydist_actors() if actor["Pid"]]:  # 0: not started yet
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()  # every simulated node is on this machine
+        for actor in live_raydist_actors():
+            if actor["Pid"]:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(actor["Pid"]).kill()  # every simulated node is on this machine
+            else:  # not started (pid 0 would signal this whole process group): Ray drops its creation
+                ray._private.worker.global_worker.core_worker.kill_actor(ray.ActorID.from_hex(actor["ActorID"]), True)
         if not running and not _ray_leftovers():
             return
         time.sleep(0.5)  # the test's own thread sees its workers go and ends: poll, with a deadline
