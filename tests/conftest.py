@@ -169,15 +169,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _shutdown_current()
 
 
+_FAILED = pytest.StashKey[bool]()  # set on a test whose call failed
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = yield
     if report.when == "call" and report.failed:
         item.stash[_FAILED] = True
     return report
-
-
-_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
