@@ -5,10 +5,12 @@ a model plus Adam of about ``--mb`` MB per rank (CPU tensors); each node's
 object store ``--store-gib`` (3 GiB).
 
 * save: the time one call blocks the loop, per rank (median over saves):
-  ``raydist.save_state`` (the host copy; the rest runs in the background)
-  against ``torch.save`` to local disk, ``torch.distributed.checkpoint.save``
+  ``raydist.save_state`` (its return, plus what the next ``optimizer.step()``,
+  a step's work later, waits for the copy of the optimizer's tensors; the
+  rest runs in the background) against ``torch.save`` to local disk, ``torch.distributed.checkpoint.save``
   and the blocking part of ``async_save``, of the same state, in the same run.
-* overhead: step time of a fixed ~``--step-ms`` ms step with no saving,
+* overhead: step time of a fixed ~``--step-ms`` ms step (and an
+  ``optimizer.step()`` that changes nothing, but waits as a real one would) with no saving,
   saving every step and every 10 steps (save_state), interleaved; after the
   run's first commit, which starts the keeper and its holders (once per
   run: its time is printed apart).
@@ -75,18 +77,26 @@ def save_costs(mb: int, saves: int, folder: str, gap_ms: float, shared_only: boo
     steps of 200 ms): what it blocks for is the copy, not a step still in flight.
     ``shared_only``: save_state(shared) against DDP's torch.save by rank 0 alone."""
     model, optimizer = build(mb)
+    optimizer.zero_grad(set_to_none=True)  # its step() below changes nothing: only its wait is timed
     raydist.load_state(model=model, optimizer=optimizer)  # as a loop begins
     rank = dist.get_rank()
     kinds: List[Tuple[str, Dict[str, Any]]] = [("save_state(shared)", SHARED)]
     if not shared_only:
         kinds.insert(0, ("save_state", {}))
     times: Dict[str, List[float]] = {name: [] for name in [k for k, _ in kinds] + ["torch.save", "dcp.save", "dcp.async_save"]}
+    times.update({f"{name}: of which optimizer.step waits": [] for name, _ in kinds})
     for index, (name, kept) in enumerate(kinds):
         for step in range(saves):
             busy(gap_ms)
             started = time.perf_counter()
             raydist.save_state(100 * index + step, model=model, optimizer=optimizer, **kept)  # type: ignore[arg-type]
-            times[name].append(time.perf_counter() - started)
+            returned = time.perf_counter() - started
+            busy(gap_ms / 10)  # the next step's forward and backward, then its optimizer step
+            started = time.perf_counter()
+            optimizer.step()
+            waited = time.perf_counter() - started
+            times[name].append(returned + waited)
+            times[f"{name}: of which optimizer.step waits"].append(waited)
             if rank == 0 or not shared_only:
                 started = time.perf_counter()
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(folder, f"r{rank}.pt"))
@@ -155,6 +165,7 @@ def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool
     """Mean step time (s) of a fixed step with a barrier, for each way of saving,
     after the run's first commit (reported apart: ``first commit``)."""
     model, optimizer = build(mb)
+    optimizer.zero_grad(set_to_none=True)  # its step() in the loop changes nothing: it only waits for save_state's copy
     result: Dict[str, float] = {"first commit": first_commit(model, optimizer, step_ms, SHARED if shared_only else {})}
     base = 2
     for label, how, every in SHARED_OVERHEAD_CASES if shared_only else OVERHEAD_CASES:
@@ -163,6 +174,7 @@ def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool
         started = time.perf_counter()
         for step in range(steps):
             busy(step_ms)
+            optimizer.step()
             dist.barrier()
             if every and step % every == 0:
                 save(base + step)

@@ -2,7 +2,10 @@
 
 ``save_state`` copies the objects' state to host memory (the only part the
 training loop waits for) and hands the copy to the active store, which
-keeps it in the background. Under raydist the pool registers its store
+keeps it in the background. Tensors that only an optimizer given to the same
+call changes (its parameters and its own state) may be copied in the
+background too: the optimizer's next ``step()`` waits until they are
+(``Snapshot.guarded``; a store that copies at once ignores it). Under raydist the pool registers its store
 (copies held by actors that outlive the ranks); elsewhere (plain torchrun or
 python) the store is a directory, ``RAYDIST_STATE_DIR``; with neither, both
 calls do nothing and ``load_state`` returns None, so a script stays portable.
@@ -13,9 +16,11 @@ from __future__ import annotations
 import copy
 import io
 import os
+import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 from raydist.core import state_files
 from raydist.core.state_files import SnapshotMeta
@@ -42,6 +47,9 @@ class Snapshot:
     local_world_size: int
     shared: Dict[str, Any] = field(default_factory=dict)
     own: Dict[str, Any] = field(default_factory=dict)
+    # Storages (data pointers) that only the step of an optimizer given to save_state
+    # changes, and that step waits for the store's copy (``StateStore.wait_copied``).
+    guarded: FrozenSet[int] = frozenset()
 
     @property
     def meta(self) -> SnapshotMeta:
@@ -58,6 +66,9 @@ class StateStore:
 
     def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
         raise NotImplementedError
+
+    def wait_copied(self) -> None:
+        """Return once the last snapshot's guarded tensors are copied (an optimizer step may change them then)."""
 
 
 _store: Optional[StateStore] = None
@@ -99,7 +110,7 @@ def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None
     if store is None:
         return
     rank, world_size, local_rank, local_world_size = _whoami()
-    snapshot = Snapshot(step, rank, world_size, local_rank, local_world_size)
+    snapshot = Snapshot(step, rank, world_size, local_rank, local_world_size, guarded=_guard(objects.values()))
     for name, obj in objects.items():
         state = obj.state_dict() if hasattr(obj, "state_dict") else obj
         (snapshot.shared if name in names else snapshot.own)[name] = state
@@ -118,6 +129,7 @@ def load_state(**objects: Any) -> Optional[int]:
     if store is None:
         return None
     rank, world_size, _, _ = _whoami()
+    store.wait_copied()  # the objects are written below: a copy of them still being made reads them first
     found = store.load(rank, world_size)
     if found is None:
         return None
@@ -214,6 +226,42 @@ def _check_shared(shared: Iterable[str], objects: Dict[str, Any]) -> frozenset:
     if not objects:
         raise ValueError("save_state: give the objects to keep as keywords (model=model, optimizer=optimizer)")
     return names
+
+
+_guarded_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _guard(objects: Iterable[Any]) -> FrozenSet[int]:
+    """The storages of the optimizers among ``objects`` (their parameters and
+    state), each optimizer's ``step()`` made to wait for the store's copy first."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return frozenset()
+    pointers: Set[int] = set()
+    for optimizer in objects:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            continue
+        if optimizer not in _guarded_optimizers:
+            optimizer.register_step_pre_hook(_wait_copied)
+            _guarded_optimizers.add(optimizer)
+        tensors = [p for group in optimizer.param_groups for p in group["params"]]
+        tensors += [t for kept in optimizer.state.values() for t in kept.values() if isinstance(t, torch.Tensor)]
+        pointers.update(p for p in map(storage_pointer, tensors) if p is not None)
+    return frozenset(pointers)
+
+
+def storage_pointer(tensor: Any) -> Optional[int]:
+    """Where a plain CPU tensor's memory starts (None for any other: a device's, a subclass's such as DTensor)."""
+    torch = sys.modules["torch"]
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu":
+        return None
+    return int(tensor.untyped_storage().data_ptr())
+
+
+def _wait_copied(*_: Any) -> None:
+    store = _active()
+    if store is not None:
+        store.wait_copied()
 
 
 def _whoami() -> Tuple[int, int, int, int]:

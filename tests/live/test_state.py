@@ -8,6 +8,7 @@ another size; the memory the copies take is bounded and freed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -229,6 +230,48 @@ def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -
     assert 0 < results[0]["most"] <= 2 * 2 * state * 1.01
     assert_nothing_left(within=30)  # the keeper and its holders too
     wait_for(lambda: store_bytes() <= before, 30, "the object store to hold no more than before the run")
+
+
+def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    tensors = [*model.state_dict().values(), *(t for kept in optimizer.state.values() for t in kept.values())]
+    return hashlib.sha1(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()
+
+
+def changed_while_copied(megabytes: int) -> Dict[str, Any]:
+    """Saves of a model and its Adam (about ``megabytes``), each right before the next
+    step's optimizer.step() (which waits for the copy made in the background); after
+    step 1's save rank 1 changes its weights in place outside the optimizer."""
+    rank = int(os.environ["RANK"])
+    width = int((megabytes * 2**20 / 3 / 4) ** 0.5)
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(width, width, bias=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    saved: Dict[int, str] = {}
+    assert raydist.load_state(model=model, optimizer=optimizer) is None
+    for step in range(4):
+        model(torch.randn(4, width)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        saved[step] = digest(model, optimizer)
+        raydist.save_state(step, model=model, optimizer=optimizer)
+        if step == 1 and rank == 1:
+            with torch.no_grad():
+                model.weight.add_(1.0)  # not the optimizer's step: nothing waits for the copy
+    resumed = raydist.load_state(model=model, optimizer=optimizer)  # the newest committed step, from this rank's memory
+    return {"resumed": resumed, "same": resumed is not None and digest(model, optimizer) == saved[resumed]}
+
+
+def test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_step(ray_local: None, capfd: pytest.CaptureFixture) -> None:
+    # The optimizer's tensors are copied after save_state returns; the next optimizer.step()
+    # waits for that copy, so steps 0, 2 and 3 keep their values. Rank 1's in-place change
+    # lands during step 1's copy: step 1 is dropped on every rank (none waits for it), and
+    # rank 1 copies before returning from then on.
+    results = raydist.run(changed_while_copied, args=(48,), num_workers=2)
+    err = capfd.readouterr().err
+    assert [r["same"] for r in results] == [True, True], results
+    assert {r["resumed"] for r in results} <= {2, 3}, results
+    assert "rank 1 could not keep step 1: 1 of its optimizer's tensors changed in place" in err, err[-3000:]
+    assert "could not keep step 0" not in err and "could not keep step 2" not in err, err[-3000:]
 
 
 # -- a simulated 2-node cluster (ordered after the local Ray's tests) ----------------

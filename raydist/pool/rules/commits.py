@@ -40,6 +40,7 @@ class CommitLog:
         self.world = -1
         self.committed: Optional[Committed] = None
         self._pending: Dict[int, _Pending] = {}
+        self._dropped: Set[int] = set()  # steps of this world a rank could not keep
 
     def enter(self, world: int) -> Tuple[bool, List[int]]:
         """A word from ``world``: (whether it is current, the steps it aborted)."""
@@ -47,7 +48,7 @@ class CommitLog:
             return False, []
         aborted: List[int] = []
         if world > self.world:
-            aborted, self._pending = list(self._pending), {}
+            aborted, self._pending, self._dropped = list(self._pending), {}, set()
             self.world = world
         return True, aborted
 
@@ -56,6 +57,8 @@ class CommitLog:
         current, aborted = self.enter(world)
         if not current:
             return False, aborted
+        if meta.step in self._dropped:
+            return False, [*aborted, meta.step]
         pending = self._pending.setdefault(meta.step, _Pending(meta))
         if pending.meta.world_size != meta.world_size or not 0 <= rank < meta.world_size:
             raise ValueError(f"step {meta.step}: rank {rank} of {meta.world_size} does not fit a world of {pending.meta.world_size}")
@@ -69,6 +72,15 @@ class CommitLog:
         for step in [s for s in self._pending if s <= meta.step]:
             del self._pending[step]
         return True, aborted
+
+    def drop(self, world: int, step: int) -> List[int]:
+        """A rank of ``world`` cannot keep ``step``: it will never be committed. The steps aborted."""
+        current, aborted = self.enter(world)
+        if not current:
+            return aborted
+        self._pending.pop(step, None)
+        self._dropped.add(step)
+        return [*aborted, step]
 
     @staticmethod
     def _complete(pending: _Pending) -> bool:

@@ -3,9 +3,13 @@
 ``save_state`` copies each part of the step (the rank's own state; the
 shared state once per node, by local rank 0) straight into Ray's object
 store on its node (``state_parts``: the tensors' bytes out of band, no
-pickling): the one copy the training loop waits for, and the only one made
-on this node (state on a device: the loop waits for its copy to host
-memory, reused from save to save; the put follows in the background). The
+pickling), the only copy made on this node. The loop waits for it, except
+for the tensors of an optimizer given to the same ``save_state``: they are
+put in the background and the optimizer's next ``step()`` waits for that
+(``pack_later``: one changed in place meanwhile drops the step, and the
+keeper is told, so that no rank waits on its commit). State on a device:
+the loop waits for its copy to host memory, reused from save to save; the
+put follows in the background. The
 rank keeps the objects of two steps, the committed one and the one being
 sent (a survivor of a warm restart loads from them). In the background two
 holders keep each part, outside the rank: the one on its node keeps that
@@ -38,7 +42,7 @@ from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, ho
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
-from raydist.pool.worker.state_parts import on_device, pack, tensor_bytes, unpack
+from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, unpack
 
 SETTINGS_VAR = "RAYDIST_STATE"
 NAMESPACE = "raydist-state"
@@ -68,7 +72,8 @@ def flush() -> None:
 @dataclass
 class _Sending:
     """One step on its way to the holders: the parts already in the object store
-    (``refs``), those still in host memory (``staged``: from a device), the copies each needs."""
+    (``refs``), those put in the background (``staged``: a device part's host
+    copy, or a ``Deferred`` part reading the optimizer's live tensors), the copies each needs."""
 
     rank: int
     step: int
@@ -77,7 +82,10 @@ class _Sending:
     refs: Dict[str, Any] = field(default_factory=dict)
     staged: Dict[str, Any] = field(default_factory=dict)
     copies: Dict[str, int] = field(default_factory=dict)
-    room: Optional[Snapshot] = None  # the step whose sizes are checked against the object store
+    room: Optional[Snapshot] = None
+    copied: threading.Event = field(
+        default_factory=threading.Event
+    )  # the optimizer's live tensors are read  # the step whose sizes are checked against the object store
 
 
 class RayStateStore(StateStore):
@@ -94,6 +102,8 @@ class RayStateStore(StateStore):
         self._room_checked = False  # whether the object store's room was checked (at the first save)
         self._sent = threading.Event()
         self._sent.set()
+        self._latest: Optional[_Sending] = None  # the step whose copy an optimizer step waits for
+        self._defer = True  # off once a guarded tensor was changed while being copied
         self._ahead: Optional[_LoadAhead] = None
 
     # -- save -------------------------------------------------------------------
@@ -110,6 +120,8 @@ class RayStateStore(StateStore):
             sending.copies[key] = count
             if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
                 sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
+            elif self._defer and (later := pack_later(states, snapshot.guarded)) is not None:
+                sending.staged[key] = later  # the optimizer's tensors: put in the background, its next step waits
             else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
                 sending.refs[key] = ray.put(pack(states))
         if not self._room_checked and snapshot.local_rank == 0:  # once per node, in the background (a GCS read)
@@ -119,6 +131,9 @@ class RayStateStore(StateStore):
                 del self._own[step]
             self._own[snapshot.step] = sending.refs
         self._sent.clear()
+        if not any(isinstance(part, Deferred) for part in sending.staged.values()):
+            sending.copied.set()
+        self._latest = sending
         self._sending_world = world
         self._sending = threading.Thread(target=self._send, args=(sending,), daemon=True, name="raydist-state-send")
         self._sending.start()
@@ -127,10 +142,19 @@ class RayStateStore(StateStore):
         self._drop_ahead()  # a call that never loaded: its copy is not kept
         self._sent.wait(FLUSH_TIMEOUT)
 
+    def wait_copied(self) -> None:
+        latest = self._latest
+        if latest is not None:
+            latest.copied.wait()
+
     def _send(self, sending: "_Sending") -> None:
         rank, step = sending.rank, sending.step
         try:
-            staged = {key: ray.put(pack(states)) for key, states in sending.staged.items()}  # the host copy's bytes
+            try:  # the optimizer's tensors first: its next step waits for them
+                staged = {key: _put_later(part) for key, part in sending.staged.items() if isinstance(part, Deferred)}
+            finally:
+                sending.copied.set()
+            staged.update({key: ray.put(pack(part)) for key, part in sending.staged.items() if key not in staged})
             with self._lock:
                 sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
             if sending.room is not None:
@@ -144,10 +168,22 @@ class RayStateStore(StateStore):
                 with self._lock:  # the committed step is the oldest worth keeping
                     for older in [s for s in self._own if s < step]:
                         del self._own[older]
-        except Exception as error:  # noqa: BLE001 - the step stays uncommitted; training goes on
-            print(f"raydist: rank {rank} could not keep step {step}: {error!r}", file=sys.stderr, flush=True)
+        except Exception as error:  # noqa: BLE001 - the step is dropped; training goes on
+            if isinstance(error, ChangedWhileCopied):
+                self._defer = False
+            print(f"raydist: rank {rank} could not keep step {step}: {error}", file=sys.stderr, flush=True)
+            self._drop(sending)
         finally:
             self._sent.set()
+
+    def _drop(self, sending: "_Sending") -> None:
+        """Tell the keeper this rank cannot keep the step: the ranks waiting on its commit go on."""
+        with self._lock:  # never loaded: the committed step stays the one kept
+            self._own.pop(sending.step, None)
+        try:
+            ray.get(self._keeper_handle(create=True).drop.remote(sending.world, sending.step))
+        except Exception as error:  # noqa: BLE001 - the keeper itself is gone: the attempt is ending
+            print(f"raydist: rank {sending.rank} could not drop step {sending.step}: {error!r}", file=sys.stderr, flush=True)
 
     def _store(self, step: int, key: str, ref: Any, copies: int) -> List[int]:
         """Hand a part to ``copies`` holders, own node first, then another node: each
@@ -284,6 +320,23 @@ class _LoadAhead:
         if self._error is not None:
             raise self._error
         return self._found if self._found is not None else again()
+
+
+class ChangedWhileCopied(RuntimeError):
+    """A tensor copied in the background was changed in place before the copy was made."""
+
+
+def _put_later(part: Deferred) -> Any:
+    """The object of a part whose optimizer tensors are read after ``save_state``
+    returned; refused when one of them changed meanwhile."""
+    ref = ray.put(part.packed)
+    changed = part.changed()
+    if changed:
+        raise ChangedWhileCopied(
+            f"{changed} of its optimizer's tensors changed in place while save_state copied them in the background "
+            "(outside optimizer.step(), which waits for the copy). save_state copies before returning from now on"
+        )
+    return ref
 
 
 def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:

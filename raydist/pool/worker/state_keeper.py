@@ -98,6 +98,10 @@ class StateKeeper:
         assert self._state_dir
         return await asyncio.to_thread(state_files.read_part, self._state_dir, step, key)
 
+    async def drop(self, world: int, step: int) -> None:
+        """A rank of attempt ``world`` cannot keep ``step``: the ranks waiting on its commit go on."""
+        self._abort(self._log.drop(world, step))
+
     async def abort(self, world: int) -> None:
         """Attempt ``world`` failed: its uncommitted steps never will be (ranks waiting on them go on)."""
         _, aborted = self._log.enter(world + 1)

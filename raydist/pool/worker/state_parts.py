@@ -11,10 +11,11 @@ on the same node that is the very same memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Tuple
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AbstractSet, Any, List, Optional, Tuple
 
-from raydist.core.state import host_copy, to_bytes
+from raydist.core.state import host_copy, storage_pointer, to_bytes
 
 if TYPE_CHECKING:  # imported where used: the driver imports this module without torch
     import numpy as np
@@ -40,6 +41,34 @@ def pack(states: Any) -> Packed:
     CUDA): ``ray.put`` of it is the one copy."""
     arrays: List[np.ndarray] = []
     return _pack(states, arrays), arrays
+
+
+@dataclass
+class Deferred:
+    """A part to ``ray.put`` later: views of the guarded tensors (their storage
+    in ``guarded``), whose versions must not move before the put has read
+    them, and copies of everything else, made when it was packed."""
+
+    packed: Packed
+    watched: List[Tuple["torch.Tensor", int]] = field(default_factory=list)
+
+    def changed(self) -> int:
+        """How many watched tensors were changed in place since they were packed."""
+        return sum(tensor._version != version for tensor, version in self.watched)
+
+
+def pack_later(states: Any, guarded: AbstractSet[int]) -> Optional[Deferred]:
+    """``states`` packed for a put in the background, or None where nothing in it is guarded."""
+    if not any(storage_pointer(tensor) in guarded for tensor in _tensors(states)):
+        return None
+    arrays: List[np.ndarray] = []
+    deferred = Deferred(([], arrays))
+    try:
+        skeleton = copy.deepcopy(_pack(states, arrays, guarded, deferred.watched))  # plain values change too
+    except Exception:  # noqa: BLE001 - a value deepcopy cannot take, a tensor subclass: put it now
+        return None
+    deferred.packed = (skeleton, arrays)
+    return deferred
 
 
 def unpack(packed: Packed) -> Any:
@@ -79,13 +108,25 @@ def packed_to_bytes(packed: Packed) -> bytes:
     return to_bytes(unpack(packed))
 
 
-def _pack(value: Any, arrays: List["np.ndarray"]) -> Any:
+Watched = Optional[List[Tuple["torch.Tensor", int]]]
+
+
+def _pack(value: Any, arrays: List["np.ndarray"], guarded: AbstractSet[int] = frozenset(), watched: Watched = None) -> Any:
+    """``guarded``/``watched``: a guarded tensor's bytes are a view, read later; any other is copied now."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return _pack_tensor(value, arrays)
+        if watched is None:
+            return _pack_tensor(value, arrays)
+        pointer = storage_pointer(value)
+        if pointer is None:  # a subclass (DTensor, ...) or on a device: not read later
+            raise TypeError(f"not deferred: a {type(value).__name__} on {value.device}")
+        if pointer in guarded and value.is_contiguous():
+            watched.append((value, value._version))
+            return _pack_tensor(value, arrays)
+        return _pack_tensor(host_copy(value), arrays)
     if isinstance(value, dict):
-        packed = {k: _pack(v, arrays) for k, v in value.items()}
+        packed = {k: _pack(v, arrays, guarded, watched) for k, v in value.items()}
         if type(value) is dict:
             return packed
         rebuilt = type(value)(packed)
@@ -93,7 +134,7 @@ def _pack(value: Any, arrays: List["np.ndarray"]) -> Any:
             rebuilt._metadata = value._metadata  # type: ignore[attr-defined]
         return rebuilt
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(_pack(v, arrays) for v in value)
+        return type(value)(_pack(v, arrays, guarded, watched) for v in value)
     return value  # pickled as it is, when the part is put
 
 

@@ -37,10 +37,50 @@ def test_a_newer_world_aborts_what_an_older_one_left_and_ignores_its_stragglers(
     assert log.committed is not None and log.committed.meta.step == 1
 
 
+def test_a_dropped_step_never_commits_and_the_next_one_does() -> None:
+    log = CommitLog()
+    log.ack(0, 0, meta(4), {"shared": [0], "rank_00000": [0, 1]})
+    assert log.drop(0, 4) == [4]  # rank 1 could not keep it: rank 0's wait ends
+    assert log.ack(0, 1, meta(4), {"rank_00001": [0, 1]}) == (False, [4])  # a late ack ends at once too
+    log.ack(0, 0, meta(5), {"shared": [0], "rank_00000": [0, 1]})
+    assert log.ack(0, 1, meta(5), {"rank_00001": [0, 1]}) == (True, [])
+    assert log.drop(-1, 6) == [] and 6 not in log.needed()  # a dead attempt's word changes nothing
+
+
 def test_a_step_without_its_shared_part_is_not_committed() -> None:
     log = CommitLog()
     log.ack(0, 0, meta(5), {"rank_00000": [0, 1]})
     assert log.ack(0, 1, meta(5), {"rank_00001": [0, 1]}) == (False, [])
+
+
+class CountingStore(state.StateStore):
+    def __init__(self) -> None:
+        self.saved: list = []
+        self.waits = 0
+
+    def save(self, snapshot: state.Snapshot) -> None:
+        self.saved.append(snapshot)
+
+    def load(self, rank: int, world_size: int) -> None:
+        return None
+
+    def wait_copied(self) -> None:
+        self.waits += 1
+
+
+def test_an_optimizer_given_to_save_state_waits_for_the_copy_before_each_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CountingStore()
+    monkeypatch.setattr(state, "_store", store)
+    model, other = torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state.save_state(0, model=model, other=other, optimizer=optimizer)
+    state.save_state(1, model=model, other=other, optimizer=optimizer)  # the wait is added once
+    pointers = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert store.saved[1].guarded == pointers  # another module's tensors are not the optimizer's: copied at once
+    optimizer.step()
+    assert store.waits == 1
+    state.load_state(model=model)  # it writes the objects: a copy still being made goes first
+    assert store.waits == 2
 
 
 def test_per_rank_state_refuses_a_world_of_another_size_naming_both() -> None:

@@ -12,7 +12,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from raydist.core.state import host_copy
-from raydist.pool.worker.state_parts import nbytes, pack, unpack
+from raydist.pool.worker.state_parts import nbytes, pack, pack_later, unpack
 
 
 def trained() -> Any:
@@ -72,3 +72,21 @@ def test_host_copy_reuses_the_memory_of_an_earlier_copy_where_it_fits() -> None:
 
 def _tensors(value: Any) -> list:
     return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def test_a_part_packed_for_later_reads_only_the_guarded_tensors_later_and_sees_them_change() -> None:
+    model = torch.nn.Linear(4, 3)
+    buffer = torch.zeros(3)  # not the optimizer's: copied when packed
+    state = {"model": model.state_dict(), "extra": buffer, "progress": {"seen": [7]}}
+    guarded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    later = pack_later(state, guarded)
+    assert later is not None and len(later.watched) == 2 and later.changed() == 0
+    buffer.add_(1)
+    state["progress"]["seen"].append(8)  # plain values are copied when packed too
+    assert later.changed() == 0
+    with torch.no_grad():
+        model.weight.add_(1)  # outside the optimizer's step: the later read would see it
+    assert later.changed() == 1
+    back = unpack(later.packed)
+    assert torch.equal(back["extra"], torch.zeros(3)) and back["progress"] == {"seen": [7]}
+    assert pack_later(state, set()) is None  # nothing guarded: put at once
