@@ -61,7 +61,9 @@ class StateStore:
 
     def save(self, snapshot: Snapshot) -> None:
         """Keep ``snapshot``, whose states are the objects' live ones: copy what is
-        kept before returning (training changes them next), send it on later."""
+        kept before returning (training changes them next), send it on later;
+        the tensors in ``snapshot.guarded`` may be copied later, before
+        ``wait_copied`` returns."""
         raise NotImplementedError
 
     def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
@@ -93,7 +95,10 @@ def _active() -> Optional[StateStore]:
 
 
 def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None:
-    """Keep the state of ``objects`` as of ``step``; returns once it is copied to host memory.
+    """Keep the state of ``objects`` as of ``step``; returns once it is copied to host
+    memory, except the tensors of an optimizer among ``objects``, which may be
+    copied after it returns: that optimizer's next ``step()`` (or ``load_state``)
+    waits for the copy. Change them only through that step until then.
 
     ``objects``: things with ``state_dict()`` (modules, optimizers, schedulers,
     GradScaler, torch DCP's ``Stateful``) or plain picklable values. ``shared``
@@ -241,21 +246,28 @@ def _guard(objects: Iterable[Any]) -> FrozenSet[int]:
     for optimizer in objects:
         if not isinstance(optimizer, torch.optim.Optimizer):
             continue
-        if optimizer not in _guarded_optimizers:
-            optimizer.register_step_pre_hook(_wait_copied)
-            _guarded_optimizers.add(optimizer)
-        tensors = [p for group in optimizer.param_groups for p in group["params"]]
-        tensors += [t for kept in optimizer.state.values() for t in kept.values() if isinstance(t, torch.Tensor)]
+        try:
+            if optimizer not in _guarded_optimizers:
+                optimizer.register_step_pre_hook(_wait_copied)
+                _guarded_optimizers.add(optimizer)
+            tensors = [p for group in optimizer.param_groups for p in group["params"]]
+            tensors += [t for kept in optimizer.state.values() if isinstance(kept, dict) for t in kept.values()]
+        except Exception:  # noqa: BLE001 - a wrapper without torch's hooks (never initialised as one): copied at once
+            continue
         pointers.update(p for p in map(storage_pointer, tensors) if p is not None)
     return frozenset(pointers)
 
 
 def storage_pointer(tensor: Any) -> Optional[int]:
-    """Where a plain CPU tensor's memory starts (None for any other: a device's, a subclass's such as DTensor)."""
+    """Where a plain, strided CPU tensor's memory starts (None for any other: on a
+    device, sparse, a subclass such as DTensor, or not a tensor)."""
     torch = sys.modules["torch"]
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu":
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu" or tensor.layout != torch.strided:
         return None
-    return int(tensor.untyped_storage().data_ptr())
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # (mkldnn and other opaque memory)
+        return None
 
 
 def _wait_copied(*_: Any) -> None:

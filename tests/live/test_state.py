@@ -264,8 +264,8 @@ def changed_while_copied(megabytes: int) -> Dict[str, Any]:
 def test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_step(ray_local: None, capfd: pytest.CaptureFixture) -> None:
     # The optimizer's tensors are copied after save_state returns; the next optimizer.step()
     # waits for that copy, so steps 0, 2 and 3 keep their values. Rank 1's in-place change
-    # lands during step 1's copy: step 1 is dropped on every rank (none waits for it), and
-    # rank 1 copies before returning from then on.
+    # comes before its next optimizer step, which sees it: step 1 is dropped on every rank
+    # (none waits for it), and rank 1 copies before returning from then on.
     results = raydist.run(changed_while_copied, args=(48,), num_workers=2)
     err = capfd.readouterr().err
     assert [r["same"] for r in results] == [True, True], results

@@ -82,10 +82,10 @@ class _Sending:
     refs: Dict[str, Any] = field(default_factory=dict)
     staged: Dict[str, Any] = field(default_factory=dict)
     copies: Dict[str, int] = field(default_factory=dict)
-    room: Optional[Snapshot] = None
-    copied: threading.Event = field(
-        default_factory=threading.Event
-    )  # the optimizer's live tensors are read  # the step whose sizes are checked against the object store
+    room: Optional[Snapshot] = None  # the step whose sizes are checked against the object store
+    copied: threading.Event = field(default_factory=threading.Event)  # the optimizer's live tensors are read
+    checked: threading.Event = field(default_factory=threading.Event)  # and their versions compared, by the loop's thread
+    changed: int = 0  # how many of them had changed
 
 
 class RayStateStore(StateStore):
@@ -109,6 +109,7 @@ class RayStateStore(StateStore):
     # -- save -------------------------------------------------------------------
 
     def save(self, snapshot: Snapshot) -> None:
+        self.wait_copied()  # the previous step's copy is checked: its sender goes on to commit it
         self._drop_ahead()  # saved before loading: the step it read may be superseded
         world = _world()
         if self._sending is not None and self._sending_world == world:
@@ -116,14 +117,11 @@ class RayStateStore(StateStore):
         elif self._sending is not None and self._sending.is_alive():
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
         sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world)
-        for key, states, count in _parts(snapshot):
-            sending.copies[key] = count
-            if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
-                sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
-            elif self._defer and (later := pack_later(states, snapshot.guarded)) is not None:
-                sending.staged[key] = later  # the optimizer's tensors: put in the background, its next step waits
-            else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
-                sending.refs[key] = ray.put(pack(states))
+        try:
+            self._copy(snapshot, sending)
+        except BaseException:
+            self._drop(sending)  # (the object store is full, ...): no rank waits on this step's commit
+            raise
         if not self._room_checked and snapshot.local_rank == 0:  # once per node, in the background (a GCS read)
             self._room_checked, sending.room = True, snapshot
         with self._lock:  # the newest kept step (committed) and this one
@@ -133,43 +131,74 @@ class RayStateStore(StateStore):
         self._sent.clear()
         if not any(isinstance(part, Deferred) for part in sending.staged.values()):
             sending.copied.set()
-        self._latest = sending
+            sending.checked.set()
         self._sending_world = world
         self._sending = threading.Thread(target=self._send, args=(sending,), daemon=True, name="raydist-state-send")
         self._sending.start()
+        self._latest = sending
+
+    def _copy(self, snapshot: Snapshot, sending: "_Sending") -> None:
+        for key, states, count in _parts(snapshot):
+            sending.copies[key] = count
+            if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
+                sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
+            elif self._defer and (later := pack_later(states, snapshot.guarded)) is not None:
+                sending.staged[key] = later  # the optimizer's tensors: put in the background, its next step waits
+            else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
+                sending.refs[key] = ray.put(pack(states))
 
     def flush(self) -> None:
+        self.wait_copied()
         self._drop_ahead()  # a call that never loaded: its copy is not kept
         self._sent.wait(FLUSH_TIMEOUT)
 
     def wait_copied(self) -> None:
+        """On the loop's thread: once the copy of the optimizer's tensors is made, whether
+        they changed meanwhile. Here any in-place op this thread began has ended (its
+        version counter moves only then), so none is missed."""
         latest = self._latest
-        if latest is not None:
-            latest.copied.wait()
+        if latest is None or latest.checked.is_set():
+            return
+        latest.copied.wait()
+        latest.changed = sum(part.changed() for part in latest.staged.values() if isinstance(part, Deferred))
+        latest.staged = {}  # the live tensors are not read any more
+        latest.checked.set()
 
     def _send(self, sending: "_Sending") -> None:
         rank, step = sending.rank, sending.step
         try:
+            parts = dict(sending.staged)
             try:  # the optimizer's tensors first: its next step waits for them
-                staged = {key: _put_later(part) for key, part in sending.staged.items() if isinstance(part, Deferred)}
+                staged = {key: ray.put(part.packed) for key, part in parts.items() if isinstance(part, Deferred)}
             finally:
                 sending.copied.set()
-            staged.update({key: ray.put(pack(part)) for key, part in sending.staged.items() if key not in staged})
+            staged.update({key: ray.put(pack(part)) for key, part in parts.items() if key not in staged})
+            del parts
             with self._lock:
                 sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
             if sending.room is not None:
                 _check_room(sending.room, {key: tensor_bytes(states) for key, states, _ in _parts(sending.room)})
             keeper = self._keeper_handle(create=True)
-            locations = {key: self._store(step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()}
+            locations = {
+                key: _hand_over(self._holder_list(), self._dead, step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()
+            }
+            sending.checked.wait()  # by the loop's thread: its next optimizer step, save_state, load_state or the call's end
+            if sending.changed:
+                raise ChangedWhileCopied(
+                    f"{sending.changed} of its optimizer's tensors changed in place while save_state copied them in the "
+                    "background (outside optimizer.step(), which waits for the copy). save_state copies before returning from now on"
+                )
             waiting = keeper.ack.remote(sending.world, rank, sending.meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
-            if ray.get(waiting):
-                with self._lock:  # the committed step is the oldest worth keeping
-                    for older in [s for s in self._own if s < step]:
-                        del self._own[older]
+            committed = ray.get(waiting)
+            with self._lock:  # the committed step is the oldest worth keeping; one never committed is not kept
+                for other in [s for s in self._own if s < step] if committed else []:
+                    del self._own[other]
+                if not committed and self._own.get(step) is sending.refs:
+                    del self._own[step]
         except Exception as error:  # noqa: BLE001 - the step is dropped; training goes on
-            if isinstance(error, ChangedWhileCopied):
+            if isinstance(error, ChangedWhileCopied) and sending.world == _world():  # (not a dead attempt's step)
                 self._defer = False
             print(f"raydist: rank {rank} could not keep step {step}: {error}", file=sys.stderr, flush=True)
             self._drop(sending)
@@ -179,33 +208,13 @@ class RayStateStore(StateStore):
     def _drop(self, sending: "_Sending") -> None:
         """Tell the keeper this rank cannot keep the step: the ranks waiting on its commit go on."""
         with self._lock:  # never loaded: the committed step stays the one kept
-            self._own.pop(sending.step, None)
+            if self._own.get(sending.step) is sending.refs:  # (not a newer attempt's save of the same step)
+                del self._own[sending.step]
+        sending.refs = {}
         try:
             ray.get(self._keeper_handle(create=True).drop.remote(sending.world, sending.step))
         except Exception as error:  # noqa: BLE001 - the keeper itself is gone: the attempt is ending
             print(f"raydist: rank {sending.rank} could not drop step {sending.step}: {error!r}", file=sys.stderr, flush=True)
-
-    def _store(self, step: int, key: str, ref: Any, copies: int) -> List[int]:
-        """Hand a part to ``copies`` holders, own node first, then another node: each
-        keeps the object's memory (the one here costs no copy; a raydist restart may
-        kill a rank stuck beside a lost node, so its own copy is not counted)."""
-        holders = self._holder_list()
-        here = ray.get_runtime_context().get_node_id()
-        local = [i for i, (node, _) in enumerate(holders) if node == here]
-        others = [i for i, (node, _) in enumerate(holders) if node != here]
-        order = [i for i in local[:1] + others + local[1:] if i not in self._dead]
-        kept: List[int] = []
-        while len(kept) < copies and order:
-            batch, order = order[: copies - len(kept)], order[copies - len(kept) :]
-            for index, call in [(i, holders[i][1].store.remote(step, key, [ref])) for i in batch]:  # a list: read by the holder
-                try:
-                    ray.get(call)
-                    kept.append(index)
-                except ray.exceptions.RayActorError:
-                    self._dead.add(index)  # its node is gone: the next holder takes the copy
-        if not kept:
-            raise RuntimeError(f"no holder took step {step} ({key})")
-        return kept
 
     # -- load -------------------------------------------------------------------
 
@@ -244,27 +253,9 @@ class RayStateStore(StateStore):
         check_world(meta, world_size)
         with self._lock:
             mine = dict(self._own.get(meta.step, {}))
-        shared = self._part(keeper, meta.step, SHARED, mine, locations) if meta.shared else {}
-        own = self._part(keeper, meta.step, rank_key(rank), mine, locations) if meta.own else {}
+        shared = _read_part(keeper, self._holder_list, meta.step, SHARED, mine, locations.get(SHARED, [])) if meta.shared else {}
+        own = _read_part(keeper, self._holder_list, meta.step, rank_key(rank), mine, locations.get(rank_key(rank), [])) if meta.own else {}
         return meta, shared, own
-
-    def _part(self, keeper: Any, step: int, key: str, mine: Dict[str, Any], locations: Dict[str, List[int]]) -> Dict[str, Any]:
-        """A survivor's own object (on its node), else the first holder that still has it (own node first)."""
-        if key in mine:
-            return unpack(ray.get(mine[key]))  # its own object, on its node
-        where = locations.get(key, [])
-        if DURABLE in where:
-            return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
-        holders = self._holder_list()
-        here = ray.get_runtime_context().get_node_id()
-        for index in sorted(where, key=lambda i: holders[i][0] != here if i < len(holders) else True):
-            try:
-                packed = ray.get(holders[index][1].fetch.remote(step, key))
-            except ray.exceptions.RayActorError:
-                continue
-            if packed is not None:
-                return unpack(packed)
-        raise RuntimeError(f"load_state: no holder keeps step {step} ({key}) any more: the nodes of both copies are gone")
 
     # -- the keeper -------------------------------------------------------------
 
@@ -288,6 +279,49 @@ class RayStateStore(StateStore):
         if not self._holders:
             self._holders = ray.get(self._keeper_handle(create=True).holders.remote())
         return self._holders
+
+
+def _hand_over(holders: List[Tuple[str, Any]], dead: Set[int], step: int, key: str, ref: Any, copies: int) -> List[int]:
+    """Hand a part to ``copies`` holders, own node first, then another node: each
+    keeps the object's memory (the one here costs no copy; a raydist restart may
+    kill a rank stuck beside a lost node, so its own copy is not counted). ``dead``:
+    holders found gone (their nodes), skipped from then on."""
+    here = ray.get_runtime_context().get_node_id()
+    local = [i for i, (node, _) in enumerate(holders) if node == here]
+    others = [i for i, (node, _) in enumerate(holders) if node != here]
+    order = [i for i in local[:1] + others + local[1:] if i not in dead]
+    kept: List[int] = []
+    while len(kept) < copies and order:
+        batch, order = order[: copies - len(kept)], order[copies - len(kept) :]
+        for index, call in [(i, holders[i][1].store.remote(step, key, [ref])) for i in batch]:  # a list: read by the holder
+            try:
+                ray.get(call)
+                kept.append(index)
+            except ray.exceptions.RayActorError:
+                dead.add(index)  # its node is gone: the next holder takes the copy
+    if not kept:
+        raise RuntimeError(f"no holder took step {step} ({key})")
+    return kept
+
+
+def _read_part(
+    keeper: Any, holder_list: Callable[[], List[Tuple[str, Any]]], step: int, key: str, mine: Dict[str, Any], where: List[int]
+) -> Dict[str, Any]:
+    """A survivor's own object (on its node), else the first holder that still has it (own node first)."""
+    if key in mine:
+        return unpack(ray.get(mine[key]))  # its own object, on its node
+    if DURABLE in where:
+        return from_bytes(ray.get(keeper.fetch_durable.remote(step, key)))
+    holders = holder_list()
+    here = ray.get_runtime_context().get_node_id()
+    for index in sorted(where, key=lambda i: holders[i][0] != here if i < len(holders) else True):
+        try:
+            packed = ray.get(holders[index][1].fetch.remote(step, key))
+        except ray.exceptions.RayActorError:
+            continue
+        if packed is not None:
+            return unpack(packed)
+    raise RuntimeError(f"load_state: no holder keeps step {step} ({key}) any more: the nodes of both copies are gone")
 
 
 class _LoadAhead:
@@ -324,19 +358,6 @@ class _LoadAhead:
 
 class ChangedWhileCopied(RuntimeError):
     """A tensor copied in the background was changed in place before the copy was made."""
-
-
-def _put_later(part: Deferred) -> Any:
-    """The object of a part whose optimizer tensors are read after ``save_state``
-    returned; refused when one of them changed meanwhile."""
-    ref = ray.put(part.packed)
-    changed = part.changed()
-    if changed:
-        raise ChangedWhileCopied(
-            f"{changed} of its optimizer's tensors changed in place while save_state copied them in the background "
-            "(outside optimizer.step(), which waits for the copy). save_state copies before returning from now on"
-        )
-    return ref
 
 
 def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:

@@ -99,8 +99,18 @@ class StateKeeper:
         return await asyncio.to_thread(state_files.read_part, self._state_dir, step, key)
 
     async def drop(self, world: int, step: int) -> None:
-        """A rank of attempt ``world`` cannot keep ``step``: the ranks waiting on its commit go on."""
-        self._abort(self._log.drop(world, step))
+        """A rank of attempt ``world`` cannot keep ``step``: the ranks waiting on its commit go on,
+        and the parts of it already held are let go (the holders keep two steps at most)."""
+        aborted = self._log.drop(world, step)
+        self._abort(aborted)
+        if step in aborted:
+            await self.forget(step)
+            others = [holder.forget.remote(step) for _, holder in self._holders[1:]]
+            await asyncio.gather(*others, return_exceptions=True)  # a holder of a lost node has nothing to let go
+
+    async def forget(self, step: int) -> None:
+        for part in [p for p in self._parts if p[0] == step]:
+            del self._parts[part]
 
     async def abort(self, world: int) -> None:
         """Attempt ``world`` failed: its uncommitted steps never will be (ranks waiting on them go on)."""

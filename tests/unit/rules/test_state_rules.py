@@ -5,6 +5,7 @@ snapshot files count, what a world of another size gets, and the plain
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -81,6 +82,16 @@ def test_an_optimizer_given_to_save_state_waits_for_the_copy_before_each_step(mo
     assert store.waits == 1
     state.load_state(model=model)  # it writes the objects: a copy still being made goes first
     assert store.waits == 2
+
+    class Wrapper(torch.optim.Optimizer):  # never initialised as an optimizer: no hooks to add
+        def __init__(self, inner: torch.optim.Optimizer) -> None:
+            self.inner = inner
+
+        def state_dict(self) -> Dict[str, Any]:
+            return self.inner.state_dict()
+
+    state.save_state(2, model=model, optimizer=Wrapper(optimizer))
+    assert store.saved[2].guarded == frozenset()  # its tensors are copied before save_state returns
 
 
 def test_per_rank_state_refuses_a_world_of_another_size_naming_both() -> None:

@@ -81,6 +81,8 @@ def test_a_part_packed_for_later_reads_only_the_guarded_tensors_later_and_sees_t
     guarded = {p.untyped_storage().data_ptr() for p in model.parameters()}
     later = pack_later(state, guarded)
     assert later is not None and len(later.watched) == 2 and later.changed() == 0
+    weight = later.packed[0]["model"]["weight"]
+    assert np.shares_memory(later.packed[1][weight.index], model.weight.detach().numpy())  # read later, not copied
     buffer.add_(1)
     state["progress"]["seen"].append(8)  # plain values are copied when packed too
     assert later.changed() == 0
@@ -90,3 +92,5 @@ def test_a_part_packed_for_later_reads_only_the_guarded_tensors_later_and_sees_t
     back = unpack(later.packed)
     assert torch.equal(back["extra"], torch.zeros(3)) and back["progress"] == {"seen": [7]}
     assert pack_later(state, set()) is None  # nothing guarded: put at once
+    state["adjacency"] = torch.eye(3).to_sparse()  # no plain memory to read later: the whole part is put at once
+    assert pack_later(state, guarded) is None
