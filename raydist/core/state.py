@@ -5,8 +5,9 @@ training loop waits for) and hands the copy to the active store, which
 keeps it in the background. Tensors that only an optimizer given to the same
 call changes (its parameters and its own state) may be copied in the
 background too: the optimizer's next ``step()`` waits until they are
-(``Snapshot.guarded``; a store that copies at once ignores it). Under raydist the pool registers its store
-(copies held by actors that outlive the ranks); elsewhere (plain torchrun or
+(``Snapshot.guarded``; a store that copies at once ignores it). Under
+raydist the pool registers its store (copies held by actors that outlive
+the ranks); elsewhere (plain torchrun or
 python) the store is a directory, ``RAYDIST_STATE_DIR``; with neither, both
 calls do nothing and ``load_state`` returns None, so a script stays portable.
 """

@@ -179,9 +179,8 @@ class RayStateStore(StateStore):
             if sending.room is not None:
                 _check_room(sending.room, {key: tensor_bytes(states) for key, states, _ in _parts(sending.room)})
             keeper = self._keeper_handle(create=True)
-            locations = {
-                key: _hand_over(self._holder_list(), self._dead, step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()
-            }
+            holders = self._holder_list()
+            locations = {key: _hand_over(holders, self._dead, step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()}
             sending.checked.wait()  # by the loop's thread: its next optimizer step, save_state, load_state or the call's end
             if sending.changed:
                 raise ChangedWhileCopied(

@@ -12,7 +12,7 @@ on the same node that is the very same memory.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, AbstractSet, Any, List, Optional, Tuple
 
 from raydist.core.state import host_copy, storage_pointer, to_bytes
@@ -50,7 +50,7 @@ class Deferred:
     them, and copies of everything else, made when it was packed."""
 
     packed: Packed
-    watched: List[Tuple["torch.Tensor", int]] = field(default_factory=list)
+    watched: List[Tuple["torch.Tensor", int]]  # (tensor, its version when packed)
 
     def changed(self) -> int:
         """How many watched tensors were changed in place since they were packed."""
@@ -62,13 +62,12 @@ def pack_later(states: Any, guarded: AbstractSet[int]) -> Optional[Deferred]:
     if not any(storage_pointer(tensor) in guarded for tensor in _tensors(states)):
         return None
     arrays: List[np.ndarray] = []
-    deferred = Deferred(([], arrays))
+    watched: List[Tuple[torch.Tensor, int]] = []
     try:
-        skeleton = copy.deepcopy(_pack(states, arrays, guarded, deferred.watched))  # plain values change too
+        skeleton = copy.deepcopy(_pack(states, arrays, guarded, watched))  # plain values change too
     except Exception:  # noqa: BLE001 - a value deepcopy cannot take, a tensor subclass: put it now
         return None
-    deferred.packed = (skeleton, arrays)
-    return deferred
+    return Deferred((skeleton, arrays), watched)
 
 
 def unpack(packed: Packed) -> Any:
