@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 # trip), and a worker keeps the last one: the same call again is sent without it.
 INLINE_CALL_BYTES = 64 * 1024
 
+# The types a value may have to travel back bare, as the actor method's own
+# return value: Ray reads some others itself (a generator as several return
+# values, a Ray error as the task's failure), so anything else goes inside
+# its Outcome, where Ray pickles it as it would any argument.
+BARE_RESULT_TYPES: FrozenSet[type] = frozenset({type(None), bool, int, float, complex, str, bytes, list, tuple, dict})
+
 
 @dataclass(frozen=True)
 class WorkerEvidence:
@@ -103,10 +109,11 @@ class Outcome:
         return self.traceback is None and self.exit_code is None
 
     def to_send(self) -> Any:
-        """What travels back to the driver: a plain success as its bare value
-        (a warm call then pickles no wrapper), anything else as the Outcome."""
+        """What travels back to the driver: a plain success whose value is of
+        a ``BARE_RESULT_TYPES`` type as that value (a warm call then pickles no
+        wrapper), anything else as the Outcome."""
         plain = self.ok and self.exception_type is None and self.collectives is None
-        return self.value if plain and not isinstance(self.value, Outcome) else self
+        return self.value if plain and type(self.value) in BARE_RESULT_TYPES else self
 
 
 @dataclass(frozen=True)

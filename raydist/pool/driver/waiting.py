@@ -141,7 +141,8 @@ def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
     except Exception:  # noqa: BLE001 - the type is a detail; the message stands without it
         kind = ""
     of_type = f" (a {kind})" if kind else ""
-    return f"the return value of rank {rank}{of_type} cannot be pickled to send it back: {type(cause).__name__}: {last}"
+    hint = "; return a list of its items instead" if kind.endswith(".generator") else ""
+    return f"the return value of rank {rank}{of_type} cannot be pickled to send it back: {type(cause).__name__}: {last}{hint}"
 
 
 def _death_text(error: RayActorError) -> str:

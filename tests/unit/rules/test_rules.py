@@ -4,6 +4,7 @@ a rank's launcher environment and the group watcher's decisions."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -372,6 +373,11 @@ def test_the_watcher_warns_each_draining_node_once_and_stops_to_grow() -> None:
         (Outcome(value={"loss": 1.0}), True),  # a plain success: only its value travels
         (Outcome(), True),
         (Outcome(value=Outcome(value=3)), False),  # a value that is itself an Outcome keeps its wrapper
+        (Outcome(value=(i for i in range(3))), False),  # Ray would take a bare generator as several return values
+        (Outcome(value=iter([1])), False),
+        (Outcome(value=ValueError("x")), False),  # (a bare Ray error would be raised by ray.get)
+        (Outcome(value=collections.OrderedDict(a=1)), False),  # only the exact plain types go bare
+        (Outcome(value=[1, (2, "a")]), True),
         (Outcome(exit_code=2, timestamp=1.0), False),
         (Outcome(traceback="tb", exception_type="ValueError"), False),
     ],
