@@ -145,7 +145,7 @@ def cluster_idle(nodes: int) -> bool:
     """``nodes`` alive, not draining, with every CPU free."""
     import ray
 
-    from raydist.pool.cluster.ray_private import available_resources_per_node, draining_nodes
+    from raydist.pool.ray_private import available_resources_per_node, draining_nodes
 
     alive = {n["NodeID"]: n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]}
     if len(alive) != nodes or set(alive) & set(draining_nodes()):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from raydist.config import RunConfig, make_config
+from raydist.pool.cluster.ray_cluster import RayCluster
+from raydist.pool.driver.calls import prepare_call
 from raydist.pool.driver.datasets import check_datasets
-from raydist.pool.driver.group import prepare_call
 from raydist.pool.driver.runner import run_with_restarts
 from raydist.pool.rules.datasets import DataConfig
 
@@ -48,4 +49,5 @@ def run(
     config = make_config(config, options)
     data = check_datasets(datasets, dataset_config)
     # Checked and pickled once, before Ray is touched; every attempt sends the same bytes.
-    return run_with_restarts(config, prepare_call(fn, args, kwargs), data)
+    cluster = RayCluster()
+    return run_with_restarts(cluster, config, prepare_call(cluster, fn, args, kwargs), data)

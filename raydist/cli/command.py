@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 from raydist.cli.args import build_parser, split_script_args
 from raydist.cli.plan import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError, RunPlan, as_flags, plan_run
-from raydist.pool.driver import signals
+from raydist.pool import signals
 
 
 def failure_status(failures: Sequence[Any]) -> int:
@@ -30,7 +30,7 @@ def execute(plan: RunPlan) -> int:
     from raydist.api import run
     from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
     from raydist.pool.cluster.connect import connect
-    from raydist.pool.cluster.ray_private import shutdown_ray
+    from raydist.pool.ray_private import shutdown_ray
     from raydist.pool.worker.script import run_executable, run_script
 
     name = plan.target_as_typed

@@ -73,7 +73,7 @@ def wait_for_files(directory: Path, count: int, timeout: float = 120) -> List[Di
 
 def wait_until_idle(timeout: float = 30) -> None:
     """Until every alive node's CPUs show as free (Ray frees a torn-down group's a moment later)."""
-    from raydist.pool.cluster.ray_private import available_resources_per_node
+    from raydist.pool.ray_private import available_resources_per_node
 
     deadline = time.monotonic() + timeout
     while True:
@@ -267,7 +267,7 @@ def test_cli_nnodes_min_max(cluster: Any, tmp_path: Path, capfd: pytest.CaptureF
 
 
 def _draining() -> Dict[str, float]:
-    from raydist.pool.cluster.ray_private import draining_nodes
+    from raydist.pool.ray_private import draining_nodes
 
     return draining_nodes()
 

@@ -287,7 +287,7 @@ def test_busy_cluster_waits_then_gives_up_with_the_same_kind_of_message() -> Non
 @pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
 @pytest.mark.usefixtures("cluster")
 def test_with_an_autoscaler_an_unmet_request_waits_up_to_the_startup_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydist.pool.cluster import ray_private
+    from raydist.pool import ray_private
 
     assert not ray_private.cluster_has_autoscaler()  # a plain cluster: no node types to add
     monkeypatch.setattr(ray_private, "cluster_has_autoscaler", lambda: True)
@@ -304,7 +304,7 @@ def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(
 ) -> None:
     import ray.experimental.internal_kv as internal_kv
 
-    from raydist.pool.cluster import ray_private
+    from raydist.pool import ray_private
 
     def unavailable() -> None:
         raise RuntimeError("no GCS client in this Ray")

@@ -88,7 +88,7 @@ def check_layout(ranks: List[Dict[str, Any]], nodes: int, per_node: int) -> List
 
 def wait_until_idle(timeout: float = 30) -> None:
     """Until every alive node's CPUs show as free (Ray frees a torn-down group's a moment later)."""
-    from raydist.pool.cluster.ray_private import available_resources_per_node
+    from raydist.pool.ray_private import available_resources_per_node
 
     deadline = time.monotonic() + timeout
     while True:

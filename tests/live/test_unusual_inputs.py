@@ -161,12 +161,12 @@ import sys, threading, ray, raydist
 ray.init(address=sys.argv[1])
 def block():
     threading.Event().wait()
-from raydist.pool.driver import group as group_module
-release = group_module.release
-def announced_release(*args, **kwargs):
+from raydist.pool.driver.startup import Holdings
+release = Holdings.release
+def announced_release(self, *args, **kwargs):
     print("releasing", flush=True)  # the test interrupts from here on
-    release(*args, **kwargs)
-group_module.release = announced_release
+    release(self, *args, **kwargs)
+Holdings.release = announced_release
 group = raydist.WorkerGroup(1)
 group.submit(block)
 try:

@@ -24,7 +24,6 @@ from conftest import REPO, assert_nothing_left, ray_address, wait_for
 from marks import read_marks, write_mark
 
 import raydist
-from raydist.pool.driver.group import attach
 from raydist.pool.driver.spares import REFILL_DELAY_S
 from raydist.pool.records import GroupPhase
 
@@ -78,7 +77,7 @@ def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.L
         spares = [s.pid for s in group.spares]
         assert len(spares) == 1 and spares[0] not in before
         attached = Stoppable()
-        attach(group, "probe", attached)  # a per-attempt thing ends with its world
+        group.attach("probe", attached)  # a per-attempt thing ends with its world
         with pytest.raises(raydist.WorkerGroupError, match="rank 1") as caught:
             group.run(crash_rank, args=(1,))
         assert caught.value.restarted_in_place and "the group restarted in place: attempt 1" in str(caught.value)

@@ -18,8 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import ray
 
-from raydist.pool.cluster import ray_private
-from raydist.pool.driver import signals
+from raydist.pool import ray_private, signals
 
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001

@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from raydist.errors import InfeasibleResourcesError
-from raydist.pool.cluster import ray_private
+from raydist.pool import ray_private
 from raydist.pool.progress import progress
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request, elastic_size, selection_text, spares_text

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, cast
-
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, cast
 
 from raydist.errors import WorkerFailure
+from raydist.pool.cluster.seam import Cluster, Worker
 from raydist.pool.records import WorkerEvidence, WorkerInfo
 from raydist.pool.rules.explain import explain_death
 from raydist.pool.worker.evidence import NodeAgent
@@ -37,23 +35,14 @@ class Process(Protocol):
     def evidence(self) -> Optional[WorkerEvidence]: ...
 
 
-def driver_node() -> Optional[str]:
-    """This driver's node id; None through Ray Client (its files are on another machine)."""
-    try:
-        if ray.util.client.ray.is_connected():
-            return None
-    except Exception:  # noqa: BLE001 - no Ray Client support in this Ray: a plain driver
-        pass
-    return ray.get_runtime_context().get_node_id()
-
-
 class NodeAgents:
     """One group's agents: this process on ``local_node``, an actor elsewhere."""
 
-    def __init__(self, local_node: Optional[str]):
+    def __init__(self, cluster: Cluster, local_node: Optional[str]):
+        self._cluster = cluster
         self.local_node = local_node
         self._here = NodeAgent()
-        self._actors: Dict[str, Any] = {}  # node id -> NodeAgent actor
+        self._actors: Dict[str, Worker] = {}  # node id -> NodeAgent actor
         self._lock = threading.Lock()  # spares are noted from their own threads
         self._started: Dict[Tuple[str, int], Process] = {}  # (node, pid) -> every process whose files are still there
 
@@ -76,25 +65,23 @@ class NodeAgents:
 
     def start(self, node_ids: Sequence[str]) -> None:
         """An actor on each of ``node_ids`` but the driver's (returns at once)."""
-        remote_agent = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
         for node_id in dict.fromkeys(node_ids):
             if node_id != self.local_node and node_id not in self._actors:
-                strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-                self._actors[node_id] = remote_agent.options(scheduling_strategy=strategy).remote()
+                self._actors[node_id] = self._cluster.start_agent(node_id)
 
     @property
-    def actors(self) -> List[Any]:
+    def actors(self) -> List[Worker]:
         return list(self._actors.values())
 
-    def actor_on(self, node_id: str) -> Optional[Any]:
+    def actor_on(self, node_id: str) -> Optional[Worker]:
         """The agent actor on ``node_id``; None on the driver's node (answered here) or where none started."""
         return self._actors.get(node_id)
 
-    def retire(self, node_ids: Sequence[str]) -> List[Any]:
+    def retire(self, node_ids: Sequence[str]) -> List[Worker]:
         """The actors on ``node_ids`` (nodes leaving the group), handed over to be killed."""
         return [self._actors.pop(node) for node in list(self._actors) if node in node_ids]
 
-    def forget(self) -> List[Any]:
+    def forget(self) -> List[Worker]:
         """The actors, handed over to be killed."""
         actors, self._actors = self.actors, {}
         return actors
@@ -119,25 +106,43 @@ class NodeAgents:
         here = by_node.pop(self.local_node, []) if self.local_node is not None else []
         if start_missing:
             self.start(list(by_node))  # agents that are not there yet (a failure during start-up)
-        refs = [getattr(self._actors[node], method).remote(requests, *args) for node, requests in by_node.items() if node in self._actors]
+        cluster = self._cluster
+        refs = [cluster.call(self._actors[node], method, requests, *args) for node, requests in by_node.items() if node in self._actors]
         found: Dict[int, object] = dict(getattr(self._here, method)(here, *args)) if here else {}
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        ready, _ = cluster.wait(refs, num_returns=len(refs), timeout=timeout)
         for ref in ready:
             try:
-                found.update(ray.get(ref))
+                found.update(cluster.get([ref])[0])
             except Exception:  # noqa: BLE001 - an agent whose node went away: that evidence is missing
                 pass
         return found
+
+    def clock(self, node_id: str, timeout: float) -> Optional[int]:
+        """``time.time_ns()`` read by the agent on ``node_id``; None where there
+        is none (the driver's node: answered in this process)."""
+        actor = self._actors.get(node_id)
+        if actor is None:
+            return None
+        return int(self._cluster.get([self._cluster.call(actor, "clock")], timeout=timeout)[0])
+
+    @property
+    def connected(self) -> bool:
+        """Whether the cluster session the agents run in is still there."""
+        return self._cluster.session() is not None
+
+    def alive_nodes(self) -> Set[str]:
+        """The cluster's nodes alive now (empty once its session is gone)."""
+        return {node.node_id for node in self._cluster.alive_nodes()} if self._cluster.session() is not None else set()
 
 
 def explain_deaths(failures: Sequence[WorkerFailure], workers: Sequence[WorkerInfo], agents: NodeAgents) -> List[WorkerFailure]:
     """``failures`` with each dead process's cause and last stderr lines,
     read on its node (a rank whose node is gone says so)."""
     dead = [f.rank for f in failures if f.crashed and f.rank < len(workers)]
-    if not dead or not ray.is_initialized():
+    alive = agents.alive_nodes() if dead else set()
+    if not alive:  # no death, or the cluster is gone
         return list(failures)
     found = agents.ask(workers, dead, "evidence")
-    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
     explained = []
     for failure in failures:
         if failure.rank in dead:

@@ -8,9 +8,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-import ray
-import ray.cloudpickle
-
 from raydist.config import check_seconds
 from raydist.errors import (
     RaydistError,
@@ -21,7 +18,8 @@ from raydist.errors import (
     WorkerGroupStopped,
     WorkerGroupTimeout,
 )
-from raydist.pool.driver import signals
+from raydist.pool import signals
+from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import Attachment, World
@@ -32,18 +30,18 @@ __all__ = ["INLINE_CALL_BYTES", "CallHooks", "KeptCall", "WorkerFuture", "error_
 logger = logging.getLogger("raydist")
 
 
-def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
+def prepare_call(cluster: Cluster, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bytes:
     """Check a call and pickle it once for every rank (and every attempt);
     TypeError naming the part that cannot run on a worker."""
     args, kwargs = check_call(fn, args, kwargs)
     try:
-        return ray.cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        return cluster.pickle((fn, tuple(args), dict(kwargs)))
     except Exception as error:
         parts = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
         parts += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
         for name, part in parts:
             try:
-                ray.cloudpickle.dumps(part)
+                cluster.pickle(part)
             except Exception as part_error:  # noqa: BLE001 - any pickling failure names the part
                 raise TypeError(f"cannot pickle {name} ({part!r}) to send it to the workers: {part_error}") from error
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
@@ -52,16 +50,16 @@ def prepare_call(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optio
 KeptCall = Optional[Tuple[int, bytes]]  # (a world's attempt, the small call its ranks keep)
 
 
-def send_call(world: World, call: bytes, kept: KeptCall) -> Tuple[List[ray.ObjectRef], KeptCall]:
+def send_call(cluster: Cluster, world: World, call: bytes, kept: KeptCall) -> Tuple[List[Pending], KeptCall]:
     """Send ``call`` to every rank of ``world``; its refs, and what the ranks keep
     now (``kept``: what they kept before). A big call is stored once, read by
     every rank; a small one they kept goes without its bytes (an actor task's
     argument costs more than a warm call), unpickled afresh all the same."""
     if len(call) > INLINE_CALL_BYTES:
-        stored = ray.put(call)
-        return [actor.execute.remote(stored) for actor in world.actors], None
+        stored = cluster.share(call)
+        return [cluster.call(actor, "execute", stored) for actor in world.actors], None
     sent = () if kept == (world.attempt, call) else (call,)
-    return [actor.execute.remote(*sent) for actor in world.actors], (world.attempt, call)
+    return [cluster.call(actor, "execute", *sent) for actor in world.actors], (world.attempt, call)
 
 
 @dataclass(frozen=True)
@@ -71,6 +69,7 @@ class CallHooks:
     finish: Callable[["WorkerFuture", Optional[float]], List[Any]]  # wait; the values, or raise (restarting as the policy says)
     check_session: Callable[[], None]  # raises once the group's Ray is gone
     cancel: Callable[[], None]  # stop the group, the call cancelled
+    cluster: Cluster
 
 
 class WorkerFuture:
@@ -84,7 +83,7 @@ class WorkerFuture:
         self,
         hooks: CallHooks,
         world: World,
-        refs: List[ray.ObjectRef],
+        refs: List[Pending],
         number: int,
         deadline: Optional[float],
         split: Optional[Attachment] = None,
@@ -101,7 +100,7 @@ class WorkerFuture:
         if self._result is not None or self._error is not None:
             return True
         self._hooks.check_session()
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        ready, _ = self._hooks.cluster.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
@@ -157,7 +156,7 @@ def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[Wor
     return error
 
 
-def forward_signal(world: World, error: BaseException, future: WorkerFuture, shutdown_timeout: float) -> None:
+def forward_signal(cluster: Cluster, world: World, error: BaseException, future: WorkerFuture, shutdown_timeout: float) -> None:
     """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
     send it to every rank (as torchrun does: their handlers can save state),
     then wait up to ``shutdown_timeout`` for them to finish and for what they
@@ -174,12 +173,12 @@ def forward_signal(world: World, error: BaseException, future: WorkerFuture, shu
     deadline = time.monotonic() + shutdown_timeout
     pending = list(future.refs)
     while pending and not signals.hurried() and time.monotonic() < deadline:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
-    values, failed = _finished_values(future.refs, pending)  # what the ranks' handlers printed, before the files close
+        _, pending = cluster.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+    values, failed = _finished_values(cluster, future.refs, pending)  # what the ranks' handlers printed, before the files close
     world.close_output(future.number, values, failed)
 
 
-def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.ObjectRef]) -> Tuple[List[Any], List[int]]:
+def _finished_values(cluster: Cluster, refs: Sequence[Pending], pending: Sequence[Pending]) -> Tuple[List[Any], List[int]]:
     """Each finished rank's value (None for the others) and the ranks whose
     code raised or exited (both their streams carry a marker)."""
     values: List[Any] = [None] * len(refs)
@@ -188,8 +187,8 @@ def _finished_values(refs: Sequence[ray.ObjectRef], pending: Sequence[ray.Object
         if ref in pending:
             continue
         try:
-            outcome = ray.get(ref, timeout=0)
-        except Exception:  # noqa: BLE001 - a rank that died marks nothing
+            outcome = cluster.get([ref], timeout=0)[0]
+        except (WorkerDied, CallFailed, TimeoutError):  # a rank that died marks nothing
             continue
         if isinstance(outcome, Outcome) and not outcome.ok:
             failed.append(rank)

@@ -1,27 +1,27 @@
-"""WorkerGroup: a pool of Ray actors, one per rank, with a live process group.
+"""WorkerGroup: a pool of workers, one per rank, with a live process group.
 
-The group holds its cluster resources (``startup.Holdings``), the current
-attempt's ``World`` (ranks, output, watchers: replaced whole by a warm
-restart) and its phase (``lifecycle.Lifecycle``). Calls are one round trip,
-sent to every rank under the phase's short lock, so calls from several
-threads run in the same order on every rank and their collectives cannot
-pair across calls. How a call ended is classified once (``classify_end``)
-and decided on once (``decide_restart``); any ending but success either
-restarts the group in place or tears it down, then raises.
-"""
+The group holds its cluster resources (``startup.Holdings``, reached through
+the cluster seam: ``raydist.pool.cluster.seam``), the current attempt's
+``World`` (ranks, output, watchers: replaced whole by a warm restart) and
+its phase (``lifecycle.Lifecycle``). Calls are one round trip, sent to every
+rank under the phase's short lock, so calls from several threads run in the
+same order on every rank and their collectives cannot pair across calls.
+How a call ended is classified once (``classify_end``) and decided on once
+(``decide_restart``); any ending but success either restarts the group in
+place or tears it down, then raises."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import ray
-
 from raydist.config import RunConfig, make_config
 from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
-from raydist.pool.cluster.connect import connect, connected_session
+from raydist.pool.cluster.ray_cluster import RayCluster
+from raydist.pool.cluster.seam import Cluster, Pending
 from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, error_for, forward_signal, prepare_call, send_call
 from raydist.pool.driver.datasets import CallData, WorldSplit, check_datasets, split_for_world
@@ -30,7 +30,7 @@ from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import RestartAborted, restart_in_place
-from raydist.pool.driver.startup import GroupBuilder, Holdings, release
+from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
@@ -42,7 +42,7 @@ from raydist.pool.rules.stragglers import Straggler
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["WorkerFuture", "WorkerGroup", "WorkerInfo", "prepare_call", "start_group"]
+__all__ = ["RunAttempt", "WorkerFuture", "WorkerGroup", "WorkerInfo", "start_group"]
 
 logger = logging.getLogger("raydist")
 
@@ -69,13 +69,14 @@ class WorkerGroup:
     _holdings: Optional[Holdings]
     _world: Optional[World]
     _restarts_used: int
-    _session: Any
+    _cluster: Cluster
+    _session: Optional[str]
     _builder: GroupBuilder
 
     def __init__(self, num_workers: Optional[int] = None, *, config: Optional[RunConfig] = None, **options: Any):
         if num_workers is not None:
             options["num_workers"] = num_workers
-        _open_group(self, make_config(config, options))
+        _open_group(self, RayCluster(), make_config(config, options))
 
     # -- what the group is -------------------------------------------------
 
@@ -142,13 +143,13 @@ class WorkerGroup:
         dataset_config: Optional[DataConfig] = None,
     ) -> WorkerFuture:
         """Start ``fn(*args, **kwargs)`` on every rank; returns at once. ``datasets``, ``dataset_config``: as in ``raydist.run``."""
-        return self.submit_prepared(prepare_call(fn, args, kwargs), check_datasets(datasets, dataset_config))
+        return self.submit_prepared(prepare_call(self._cluster, fn, args, kwargs), check_datasets(datasets, dataset_config))
 
     def submit_prepared(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
         """Start a call made by ``prepare_call`` on every rank (``data``: its datasets, split for this world)."""
         world, refs, number, split = _send_call(self, call, data)
         deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
-        hooks = CallHooks(partial(_finish_call, self), self._check_session, partial(self._stop, CallEnd.CANCELLED))
+        hooks = CallHooks(partial(_finish_call, self), self._check_session, partial(self._stop, CallEnd.CANCELLED), self._cluster)
         return WorkerFuture(hooks, world, refs, number, deadline, split)
 
     def run(
@@ -184,13 +185,21 @@ class WorkerGroup:
             self._check_usable()
         return self._world.stragglers(refresh) if self._world else []
 
+    def attach(self, name: str, thing: Attachment) -> None:
+        """Keep ``thing`` with the group's current world: stopped when that world
+        ends (the next warm restart, or the shutdown), as its watchers are."""
+        with self._life.lock:
+            if self._world is None or self._world.ended:
+                raise RuntimeError("this WorkerGroup has no running world to attach to")
+            self._world = self._world.attach(name, thing)
+
     def _check_usable(self) -> None:
         self._check_session()
         if self.closed:
             raise RuntimeError("this WorkerGroup has been shut down")
 
     def _check_session(self) -> None:
-        if connected_session() != self._session:
+        if self._cluster.session() != self._session:
             raise RuntimeError(
                 "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); its workers are gone: start a new WorkerGroup"
             )
@@ -212,8 +221,8 @@ class WorkerGroup:
         world, holdings = self._world, self._holdings
         if world is not None:
             world.stop_watching()  # kept: what it saw explains the failure
-        if holdings is not None and connected_session() == self._session:
-            release(holdings, graceful and first)
+        if holdings is not None and self._cluster.session() == self._session:
+            holdings.release(graceful and first)
             self._state.release()  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         if world is not None:
@@ -237,44 +246,46 @@ class WorkerGroup:
                 pass
 
 
-def start_group(
-    config: RunConfig, *, restart_count: int, logs: RunLogs, node_order: Sequence[str], restarts_used: int, state_name: Optional[str] = None
-) -> WorkerGroup:
-    """One attempt of a run (``raydist.run``, ``raydist run``): its number,
-    the run's logs, the node order to keep, the restarts already counted and
-    the run's training-state name (the run releases that state, not the group)."""
+@dataclass(frozen=True)
+class RunAttempt:
+    """Where one attempt of a run starts: its number, the run's logs, the node
+    order to keep, the restarts already counted and the run's training-state
+    name (the run releases that state, not the group)."""
+
+    number: int = 0
+    logs: Optional[RunLogs] = None
+    node_order: Sequence[str] = ()
+    restarts_used: int = 0
+    state_name: Optional[str] = None
+
+
+def start_group(cluster: Cluster, config: RunConfig, attempt: RunAttempt) -> WorkerGroup:
+    """One attempt of a run (``raydist.run``, ``raydist run``) on ``cluster``."""
     group = WorkerGroup.__new__(WorkerGroup)
-    _open_group(group, config, restart_count, logs, node_order, restarts_used, state_name)
+    _open_group(group, cluster, config, attempt)
     return group
 
 
-def _open_group(
-    group: WorkerGroup,
-    config: RunConfig,
-    restart_count: int = 0,
-    logs: Optional[RunLogs] = None,
-    node_order: Sequence[str] = (),
-    restarts_used: int = 0,
-    state_name: Optional[str] = None,
-) -> None:
+def _open_group(group: WorkerGroup, cluster: Cluster, config: RunConfig, attempt: RunAttempt = RunAttempt()) -> None:
     group.config = config
-    group._state = RunState.of(state_name)  # save_state's copies: the run's, or this group's own
+    group._state = RunState.of(attempt.state_name)  # save_state's copies: the run's, or this group's own
     group._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
     group._life = Lifecycle()
     group._calls = 0
     group._holdings = None
     group._world = None
-    group._restarts_used = restarts_used  # restarts counted against max_restarts, this run's
-    connect(config.address, startup_timeout=config.startup_timeout)
-    group._session = connected_session()
+    group._restarts_used = attempt.restarts_used  # restarts counted against max_restarts, this run's
+    cluster.connect(config.address, config.startup_timeout)
+    group._cluster, group._session = cluster, cluster.session()
     group._builder = GroupBuilder(
+        cluster,
         config,
         group._hooks,
-        logs or RunLogs(config),
+        attempt.logs or RunLogs(config),
         router_for(config),
         weak_stopper(group._stop, CallEnd.GROW),  # held weakly: a group dropped without shutdown() is freed
-        restart_count,
-        node_order,
+        attempt.number,
+        attempt.node_order,
         group._state.env(config),
     )
     try:
@@ -293,26 +304,17 @@ def _open_group(
     raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
 
 
-def attach(group: WorkerGroup, name: str, thing: Attachment) -> None:
-    """Keep ``thing`` with the group's current world: stopped when that world
-    ends (the next warm restart, or the shutdown), as its watchers are."""
-    with group._life.lock:
-        if group._world is None or group._world.ended:
-            raise RuntimeError("this WorkerGroup has no running world to attach to")
-        group._world = group._world.attach(name, thing)
-
-
-def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tuple[World, List[Any], int, Optional[WorldSplit]]:
+def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tuple[World, List[Pending], int, Optional[WorldSplit]]:
     """Send ``call`` to the current world's ranks: its world, refs, number and dataset split."""
     with group._life.lock:
         # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
         group._life.changed.wait_for(lambda: group._life.phase is not GroupPhase.RESTARTING)
         group._check_usable()
-        split = split_for_world(group._world, data, lambda: group.held_resources, partial(attach, group))  # queued before the call
+        split = split_for_world(group._world, data, lambda: group.held_resources, group.attach)  # queued before the call
         world = group._world
         assert world is not None
         # One lock around the sends: every rank queues calls in the same order.
-        refs, group._last_call = send_call(world, call, group._last_call)
+        refs, group._last_call = send_call(group._cluster, world, call, group._last_call)
         number, group._calls = group._calls, group._calls + 1
     return world, refs, number, split
 
@@ -324,13 +326,13 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
     limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
     try:
-        waited = wait_for_ranks(future.refs, limit, world.workers, None, future.actors)
+        waited = wait_for_ranks(group._cluster, future.refs, limit, world.workers, None, future.actors)
     except BaseException as error:  # KeyboardInterrupt included: leave nothing running
         try:
-            forward_signal(world, error, future, group.config.shutdown_timeout)
+            forward_signal(group._cluster, world, error, future, group.config.shutdown_timeout)
         finally:
             group.shutdown(graceful=False)
-        if connected_session() != group._session:
+        if group._cluster.session() != group._session:
             raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from error
         raise
     if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
@@ -342,13 +344,13 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=world.drained)
     if end is CallEnd.FINISHED:
         return world.settle_output(future.number, waited.results)
-    ended = error_for(end, world, waited, failures, limit or 0.0)
+    ended = error_for(end, world, waited, failures, group.config.timeout or 0.0)  # a timeout says the one set, not the time left
     group._state.abort(world.attempt)  # no rank waits on a step a dead rank never saves
     decision = decide_restart(
         ended,
         retry_on_exception=group.config.retry_on_exception,
         restarts_left=group.config.max_restarts - group._restarts_used,
-        driver_node=ray.get_runtime_context().get_node_id(),
+        driver_node=group._cluster.driver_node(),
     )
     ended.decision = decision  # the runner acts on it: one decision per failure
     if _restart_in_place(group, future, waited, decision):

@@ -12,8 +12,8 @@ import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
-from raydist.pool.cluster.ray_private import drop_raylet_messages, warn_once, wrap_worker_output_printer
 from raydist.pool.driver.log_files import RankLog
+from raydist.pool.ray_private import drop_raylet_messages, warn_once, wrap_worker_output_printer
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.logs import RankRoute, console_prefix, raylet_death_report_of, split_forwarded, wants_files
 from raydist.pool.worker.markers import MARKER_VAR, Printed

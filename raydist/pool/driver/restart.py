@@ -20,12 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, List, Sequence, Set, Tuple
 
-import ray
-from ray.exceptions import RayActorError
-
 from raydist.config import RunConfig
 from raydist.errors import InfeasibleResourcesError
-from raydist.pool.cluster.placement import alive_nodes
+from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.waiting import Waited
@@ -54,7 +51,7 @@ def restart_in_place(
     builder: GroupBuilder,
     holdings: Holdings,
     world: World,
-    refs: Sequence[ray.ObjectRef],
+    refs: Sequence[Pending],
     waited: Waited,
     call: int,
     config: RunConfig,
@@ -64,23 +61,24 @@ def restart_in_place(
     ``waited`` says (survivors kept, the rest replaced), and the line that
     says what was done. ``live`` raises ``RestartAborted`` once the group is
     being shut down; it is asked between the slow steps, which hold no lock."""
+    cluster = holdings.cluster
     failed_at = min([f.timestamp for f in waited.failures] + [time.time()])
     old = list(world.workers)
-    lost = {w.node_id for w in old} - {node.node_id for node in alive_nodes()}
+    lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
     leaving = lost | set(world.drained)
     world.stop_watching()  # nothing may read or warn a half-changed world
-    settled = settle_survivors(world.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
+    settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
     world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
     plan = _plan(holdings, world, settled, leaving, config, live)
     live()
     doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
     for actor in doomed + holdings.spares.drop_on(leaving):
-        ray.kill(actor, no_restart=True)
+        cluster.kill(actor)
     holdings.forget(doomed)
     # What the replaced processes left on their nodes goes with them (a lost node's went with it).
     holdings.agents.remove_files([old[r] for r in sorted(settled.dead | set(plan.killed)) if old[r].node_id not in lost])
     for agent in holdings.agents.retire(sorted(leaving)):
-        ray.kill(agent, no_restart=True)
+        cluster.kill(agent)
     builder.restart(plan.node_order)
     new = _join(builder, holdings, world, plan)
     if not _alive(live):
@@ -89,7 +87,7 @@ def restart_in_place(
     holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
     seconds = time.time() - failed_at
     taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
-    holdings.spares.refill(free_seats(holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
+    holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
     return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
 
 
@@ -102,8 +100,9 @@ def _alive(live: Callable[[], None]) -> bool:
 
 
 def settle_survivors(
-    actors: Sequence[Any],
-    refs: Sequence[ray.ObjectRef],
+    cluster: Cluster,
+    actors: Sequence[Worker],
+    refs: Sequence[Pending],
     waited: Waited,
     workers: Sequence[Any],
     lost: Collection[str],
@@ -114,33 +113,33 @@ def settle_survivors(
     back, else when it comes back, until ``deadline`` (``time.time()``)."""
     dead = {f.rank for f in waited.failures if f.crashed} | {w.rank for w in workers if w.node_id in lost}
     pending = {refs[rank]: rank for rank in waited.pending if rank not in dead}
-    resets = {actors[r].teardown.remote(): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
+    resets = {cluster.call(actors[r], "teardown"): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
     while pending or resets:
         live()
         remaining = deadline - time.time()
         if remaining <= 0:
             break
-        ready, _ = ray.wait([*pending, *resets], num_returns=1, timeout=min(remaining, SEAT_POLL_S))
+        ready, _ = cluster.wait([*pending, *resets], num_returns=1, timeout=min(remaining, SEAT_POLL_S))
         for ref in ready:
             rank = pending.pop(ref, None)
             if rank is not None:
-                if _died(ref):
+                if _died(cluster, ref):
                     dead.add(rank)
                 else:
-                    resets[actors[rank].teardown.remote()] = rank
+                    resets[cluster.call(actors[rank], "teardown")] = rank
                 continue
             rank = resets.pop(ref)
-            if _died(ref):
+            if _died(cluster, ref):
                 dead.add(rank)
     return Settled(dead, sorted(set(pending.values()) | set(resets.values())))
 
 
-def _died(ref: ray.ObjectRef) -> bool:
+def _died(cluster: Cluster, ref: Pending) -> bool:
     try:
-        ray.get(ref, timeout=0)
-    except RayActorError:
+        cluster.get([ref], timeout=0)
+    except WorkerDied:
         return True
-    except Exception:  # noqa: BLE001 - a value that could not come back: the process lives
+    except (CallFailed, TimeoutError):  # a value that could not come back: the process lives
         return False
     return False
 
@@ -166,7 +165,7 @@ def _plan(
             stuck=settled.stuck,
             leaving_nodes=leaving,
             spares=holdings.spares.seats(),
-            free_seats=free_seats(holdings.pg, taken),
+            free_seats=free_seats(holdings.cluster, holdings.pg, taken),
             sizes=sizes,
         )
         if not plan.missing:

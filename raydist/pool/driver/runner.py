@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional
 
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
-from raydist.pool.cluster.placement import wait_until_released
+from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.datasets import CallData
-from raydist.pool.driver.group import WorkerGroup, start_group
+from raydist.pool.driver.group import RunAttempt, WorkerGroup, start_group
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.state import new_state_name, release_state
 from raydist.pool.rules.policy import Decision, decide_restart, restart_line
@@ -44,9 +44,9 @@ class Attempts:
     failed_at: Optional[float] = None  # when the last attempt failed (time.time())
 
 
-def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] = None) -> List[Any]:
-    """``call`` (from ``prepare_call``) on a group started from ``config``; the values by rank.
-    ``data``: its datasets, split afresh for each attempt's world."""
+def run_with_restarts(cluster: Cluster, config: RunConfig, call: bytes, data: Optional[CallData] = None) -> List[Any]:
+    """``call`` (from ``prepare_call``) on a group started from ``config`` on
+    ``cluster``; the values by rank. ``data``: its datasets, split afresh for each attempt's world."""
     logs = RunLogs(config)
     attempts = Attempts()
     group: Optional[WorkerGroup] = None
@@ -55,7 +55,7 @@ def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] =
             try:
                 if group is None or group.closed:
                     attempts.started = False
-                    group = _start(config, logs, attempts)
+                    group = _start(cluster, config, logs, attempts)
                     attempts.started = True
                 return group.submit_prepared(call, data).result()
             except RaydistError as error:
@@ -64,26 +64,19 @@ def run_with_restarts(config: RunConfig, call: bytes, data: Optional[CallData] =
                     attempts.counted = group.restarts_used
                     attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
                     continue
-                _fresh_restart_or_raise(config, error, attempts)
+                _fresh_restart_or_raise(cluster, config, error, attempts)
     finally:
         if group is not None:
             group.shutdown()
         release_state(attempts.state_name)
 
 
-def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
+def _start(cluster: Cluster, config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
     """The next attempt's group, in fresh processes."""
     if attempts.held:
-        wait_until_released(attempts.held)  # so that the new size (or placement) counts them
+        cluster.wait_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
-    group = start_group(
-        config,
-        restart_count=number,
-        logs=logs,
-        node_order=attempts.node_order,
-        restarts_used=attempts.counted,
-        state_name=attempts.state_name,
-    )
+    group = start_group(cluster, config, RunAttempt(number, logs, attempts.node_order, attempts.counted, attempts.state_name))
     if number:
         logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
         seconds = time.time() - (attempts.failed_at or time.time())
@@ -92,7 +85,7 @@ def _start(config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
     return group
 
 
-def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: Attempts) -> None:
+def _fresh_restart_or_raise(cluster: Cluster, config: RunConfig, error: RaydistError, attempts: Attempts) -> None:
     """Count and log a restart in fresh processes, or raise (listing every attempt).
     A call's failure comes with the group's decision; a start's is decided here."""
     decision = (
@@ -102,7 +95,7 @@ def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: At
             error,
             retry_on_exception=config.retry_on_exception,
             restarts_left=config.max_restarts - attempts.counted,
-            driver_node=_driver_node(),
+            driver_node=cluster.driver_node() if cluster.session() is not None else None,
         )
     )
     if decision.why_not:
@@ -117,9 +110,3 @@ def _fresh_restart_or_raise(config: RunConfig, error: RaydistError, attempts: At
     attempts.failed_at = min([f.timestamp for f in failures] + [time.time()])
     old_size = attempts.size if attempts.started else 0
     logger.warning(restart_line(decision.restart, old_size, len(attempts.errors), config.max_restarts, attempts.counted))
-
-
-def _driver_node() -> Optional[str]:
-    import ray
-
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

@@ -10,46 +10,21 @@ node loss) stays pending; an elastic group restarts without it.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Dict, List, Mapping, Optional
+from typing import Collection, List
 
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group_table
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-from raydist.pool.cluster.placement import usable_nodes
+from raydist.pool.cluster.seam import Cluster, Reservation
 from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.restart_plan import Seat
-from raydist.pool.worker.actor import RayWorker
-
-_RemoteWorker = ray.remote(RayWorker)
 
 
-def new_worker(
-    pg: Optional[PlacementGroup], slot: int, bundle: Mapping[str, float], ray_resource: Optional[str], per_bundle: int = 1
-) -> Any:
-    """A worker actor (of ``bundle``'s resources) in slot ``slot`` of ``pg``:
-    its bundle ``slot // per_bundle`` (under the node layout, a node's
-    bundle holds ``per_bundle`` workers)."""
-    # Ray takes its own resources as actor options; a bundle takes them all as amounts.
-    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
-    memory = {"memory": bundle["memory"]} if bundle.get("memory") else {}
-    return _RemoteWorker.options(
-        num_cpus=bundle.get("CPU", 0),
-        num_gpus=bundle.get("GPU", 0),
-        resources=custom,
-        **memory,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot // per_bundle),  # type: ignore[arg-type]
-    ).remote(ray_resource)
-
-
-def free_seats(pg: Optional[PlacementGroup], taken: Collection[int]) -> List[Seat]:
+def free_seats(cluster: Cluster, pg: Reservation, taken: Collection[int]) -> List[Seat]:
     """Bundles of ``pg`` that no member holds, placed on a node that is alive
-    and not draining (a bundle Ray is still re-placing is not offered)."""
+    and not draining (a bundle the cluster is still re-placing is not offered)."""
     if pg is None:
         return []
-    placed: Dict[int, str] = placement_group_table(pg).get("bundles_to_node_id", {}) or {}
-    usable = {node.node_id for node in usable_nodes()}
-    return [Seat(int(i), node) for i, node in sorted(placed.items()) if int(i) not in taken and node in usable]
+    draining = cluster.draining_nodes()
+    usable = {node.node_id for node in cluster.alive_nodes() if node.node_id not in draining}
+    return [Seat(bundle, node) for bundle, node in sorted(cluster.bundle_nodes(pg).items()) if bundle not in taken and node in usable]
 
 
 def as_placement(worker: WorkerInfo) -> Placement:

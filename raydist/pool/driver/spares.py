@@ -18,13 +18,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, List, Optional, Sequence, Set
-
-import ray
-from ray.util.placement_group import PlacementGroup
+from typing import Callable, Collection, List, Optional, Sequence, Set
 
 from raydist.core.accelerators import Accelerator
-from raydist.pool.driver.seats import new_worker
+from raydist.pool.cluster.seam import Cluster, Reservation, Worker
 from raydist.pool.records import Placement
 from raydist.pool.rules.layout import standby_env
 from raydist.pool.rules.restart_plan import Seat
@@ -41,7 +38,7 @@ REFILL_DELAY_S = 5.0
 
 @dataclass
 class Spare:
-    actor: Any
+    actor: Worker
     placement: Placement  # where it runs; ``index`` is its bundle
 
 
@@ -50,14 +47,16 @@ class SparePool:
 
     def __init__(
         self,
+        cluster: Cluster,
         wanted: int,
-        pg: Optional[PlacementGroup],
+        pg: Optional[Reservation],
         bundle: dict,
         accelerator: Accelerator,
         timeout: float,
         placed: Callable[[Sequence[Placement]], None] = lambda placements: None,
     ):
         self.wanted = wanted
+        self._cluster = cluster
         self._pg, self._bundle, self._accelerator, self._timeout = pg, bundle, accelerator, timeout
         self._placed = placed  # told of each new spare's process (its files are removed with the group)
         self._lock = threading.Lock()
@@ -69,7 +68,7 @@ class SparePool:
         """Spares started with the group: pin their devices now (not waited for)."""
         for spare in spares:
             env = standby_env(spare.placement, [s.placement for s in spares], workers, self._accelerator)
-            spare.actor.stand_by.remote(env, self._accelerator.device_type)
+            self._cluster.call(spare.actor, "stand_by", env, self._accelerator.device_type)
         with self._lock:
             self._ready.extend(spares)
 
@@ -93,7 +92,7 @@ class SparePool:
             self._ready = [s for i, s in enumerate(self._ready) if i not in set(positions)]
         return taken
 
-    def drop_on(self, nodes: Collection[str]) -> List[Any]:
+    def drop_on(self, nodes: Collection[str]) -> List[Worker]:
         """Forget spares on ``nodes`` (lost or draining); their actors, to kill."""
         with self._lock:
             gone = [s for s in self._ready if s.placement.node_id in nodes]
@@ -112,18 +111,19 @@ class SparePool:
     def _start_one(self, seat: Seat, workers: Callable[[], List[Placement]]) -> None:
         if self._closed.wait(REFILL_DELAY_S):
             return  # closed meanwhile: nothing was started
-        actor = new_worker(self._pg, seat.bundle, self._bundle, self._accelerator.ray_resource)
+        cluster = self._cluster
+        actor = cluster.start_worker(self._pg, seat.bundle, self._bundle, self._accelerator.ray_resource)
         with self._lock:
             if self._closed.is_set():
-                ray.kill(actor, no_restart=True)
+                cluster.kill(actor)
                 return
             self._starting[seat.bundle] = actor
         spare: Optional[Spare] = None
         try:
-            placement = ray.get(actor.describe.remote(seat.bundle), timeout=self._timeout)
+            placement = cluster.get([cluster.call(actor, "describe", seat.bundle)], timeout=self._timeout)[0]
             self._placed([placement])
             env = standby_env(placement, [s.placement for s in self.ready], workers(), self._accelerator)
-            ray.get(actor.stand_by.remote(env, self._accelerator.device_type), timeout=self._timeout)
+            cluster.get([cluster.call(actor, "stand_by", env, self._accelerator.device_type)], timeout=self._timeout)
             spare = Spare(actor, placement)
         except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
             if not self._closed.is_set():  # else the group was shut down meanwhile and killed it
@@ -133,10 +133,9 @@ class SparePool:
             if spare is not None and not self._closed.is_set():
                 self._ready.append(spare)
                 return
-        if ray.is_initialized():
-            ray.kill(actor, no_restart=True)
+        cluster.kill(actor)
 
-    def close(self) -> List[Any]:
+    def close(self) -> List[Worker]:
         """Stop refilling; every spare actor (ready or starting), to kill."""
         with self._lock:
             self._closed.set()

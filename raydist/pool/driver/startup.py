@@ -14,19 +14,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
-import ray
-from ray.util.placement_group import PlacementGroup, remove_placement_group
-
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
-from raydist.pool.cluster.placement import alive_nodes, reserve, room_for
-from raydist.pool.driver.agents import NodeAgents, driver_node, explain_deaths
+from raydist.pool.cluster.seam import Cluster, Pending, Reservation, Worker
+from raydist.pool.driver.agents import NodeAgents, explain_deaths
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
-from raydist.pool.driver.seats import free_seats, new_worker
+from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
@@ -55,13 +52,14 @@ TEARDOWN_TIMEOUT_S = 5.0
 class Holdings:
     """What a group holds on the cluster across its worlds, from the first step on."""
 
+    cluster: Cluster
     accelerator: Accelerator
     bundle: Dict[str, float]  # one worker's resources
     request: Request  # what the group asked of the cluster (bundles, nodes allowed)
-    pg: Optional[PlacementGroup]  # None once released
+    pg: Optional[Reservation]  # None once released
     spares: SparePool  # empty unless spare_workers
-    agents: NodeAgents = field(default_factory=lambda: NodeAgents(None))
-    actors: List[Any] = field(default_factory=list)  # every worker actor held (any order): released with the group
+    agents: NodeAgents
+    actors: List[Worker] = field(default_factory=list)  # every worker held (any order): released with the group
     slots: int = 0  # worker places in the placement group (bundles x workers per bundle)
 
     def held_resources(self, workers: Sequence[WorkerInfo]) -> Dict[str, Dict[str, float]]:
@@ -74,45 +72,43 @@ class Holdings:
                 amounts[name] = amounts.get(name, 0.0) + amount
         return held
 
-    def forget(self, actors: Sequence[Any]) -> None:
+    def forget(self, actors: Sequence[Worker]) -> None:
         """``actors`` (killed by a warm restart) are no longer held."""
         gone = {id(actor) for actor in actors}
         self.actors = [actor for actor in self.actors if id(actor) not in gone]
 
-
-def release(holdings: Holdings, graceful: bool) -> None:
-    """Leave the process group (if ``graceful``), kill the actors and spares,
-    free the placement group, remove the files of every process the group
-    started, kill the node agents; returns once Ray reports them dead."""
-    spares = holdings.spares.close()
-    actors = list(holdings.actors)
-    try:
-        if graceful and actors:
-            try:
-                ray.get([actor.teardown.remote() for actor in actors], timeout=TEARDOWN_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the actors are killed below regardless
-                pass
-    finally:  # an interrupt during the graceful part must not leave the actors alive
-        for actor in [*actors, *spares]:
-            ray.kill(actor, no_restart=True)
-        if holdings.pg is not None:
-            remove_placement_group(holdings.pg)
-        holdings.actors, holdings.pg = [], None
-        _wait_dead([*actors, *spares])
-        try:  # the processes are gone: what they left on their nodes goes too (spares' and earlier worlds' included)
-            holdings.agents.remove_files(timeout=TEARDOWN_TIMEOUT_S)
-        finally:
-            agents = holdings.agents.forget()
-            for agent in agents:
-                ray.kill(agent, no_restart=True)
-            _wait_dead(agents)
+    def release(self, graceful: bool) -> None:
+        """Leave the process group (if ``graceful``), kill the workers and
+        spares, free the placement, remove the files of every process the
+        group started, kill the node agents; returns once the cluster reports them dead."""
+        cluster, spares, actors = self.cluster, self.spares.close(), list(self.actors)
+        try:
+            if graceful and actors:
+                try:
+                    cluster.get([cluster.call(actor, "teardown") for actor in actors], timeout=TEARDOWN_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - the workers are killed below regardless
+                    pass
+        finally:  # an interrupt during the graceful part must not leave the workers alive
+            for actor in [*actors, *spares]:
+                cluster.kill(actor)
+            if self.pg is not None:
+                cluster.free(self.pg)
+            self.actors, self.pg = [], None
+            _wait_dead(cluster, [*actors, *spares])
+            try:  # the processes are gone: what they left on their nodes goes too (spares' and earlier worlds' included)
+                self.agents.remove_files(timeout=TEARDOWN_TIMEOUT_S)
+            finally:
+                agents = self.agents.forget()
+                for agent in agents:
+                    cluster.kill(agent)
+                _wait_dead(cluster, agents)
 
 
-def _wait_dead(actors: List[Any]) -> None:
-    """Until Ray reports ``actors`` dead (a call on a killed actor fails once it knows)."""
+def _wait_dead(cluster: Cluster, actors: List[Worker]) -> None:
+    """Until the cluster reports ``actors`` dead (a call on a killed worker fails once it knows)."""
     if actors:
-        pings = [actor.ping.remote() for actor in actors]
-        ray.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
+        pings = [cluster.call(actor, "ping") for actor in actors]
+        cluster.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
 
 
 class GroupBuilder:
@@ -120,6 +116,7 @@ class GroupBuilder:
 
     def __init__(
         self,
+        cluster: Cluster,
         config: RunConfig,
         hooks: GroupHooks,
         logs: RunLogs,
@@ -130,6 +127,7 @@ class GroupBuilder:
         extra_env: Optional[Mapping[str, str]] = None,
     ):
         self.config = config
+        self._cluster = cluster
         self._extra_env = dict(extra_env or {})  # the run's variables for every rank (its training state)
         self._hooks = hooks
         self._logs = logs
@@ -144,7 +142,7 @@ class GroupBuilder:
         try:
             actors = self.create(holdings, range(holdings.slots))
             placements = self.describe(holdings, actors, range(len(actors)))
-            ranked, standby = _split_spares(placements, self.config.spare_workers, self._node_order)
+            ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
             world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
             # Off the start path: the other nodes' agents start while the first call runs.
@@ -156,22 +154,22 @@ class GroupBuilder:
 
     def abandon(self, holdings: Holdings) -> None:
         """Release a half-built group: actors, agents, placement group, the backend's driver side."""
-        if ray.is_initialized():
-            release(holdings, graceful=False)
+        if self._cluster.session() is not None:
+            holdings.release(graceful=False)
         self._hooks.stop()
 
     def reserve(self) -> Holdings:
         """The placement group for the group's workers and spares."""
-        config = self.config
-        selection = NodeSelection.of(config)
-        nodes = selection.matching(alive_nodes()) if selection.active else alive_nodes()
+        config, cluster = self.config, self._cluster
+        alive = cluster.alive_nodes()
+        nodes = selection.matching(alive) if (selection := NodeSelection.of(config)).active else alive
         accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
         bundle = worker_bundle(accelerator, config.resources_per_worker, config.accelerator_type)
         sizes = config.worker_range
         if sizes is None:
             count = default_num_workers(accelerator, bundle, nodes) - config.spare_workers  # spares take their share
             if count < 1:
-                chosen = f" ({selection_text(selection, alive_nodes())})" if selection.active else ""
+                chosen = f" ({selection_text(selection, alive)})" if selection.active else ""
                 raise InfeasibleResourcesError(
                     f"num_workers=None means one worker per {accelerator.ray_resource}, "
                     f"but the cluster has none ({accelerator.name} workers of {bundle}){chosen}"
@@ -179,31 +177,34 @@ class GroupBuilder:
             sizes = (count, count)
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
-        pg, size = reserve(request, config.startup_timeout)
-        agents = NodeAgents(driver_node())
-        pool = SparePool(spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
-        return Holdings(accelerator, bundle, request, pg, pool, agents=agents, slots=size * request.per_bundle)
+        pg, size = cluster.reserve(request, config.startup_timeout)
+        agents = NodeAgents(cluster, cluster.driver_node())
+        pool = SparePool(cluster, spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
+        return Holdings(cluster, accelerator, bundle, request, pg, pool, agents=agents, slots=size * request.per_bundle)
 
-    def create(self, holdings: Holdings, slots: Sequence[int]) -> List[Any]:
+    def create(self, holdings: Holdings, slots: Sequence[int]) -> List[Worker]:
         """A new worker actor in each of ``slots`` (held in ``holdings`` from
         now on); slot i sits in bundle i // per_bundle (under the node layout,
         ``per_bundle`` workers share each node's bundle)."""
         per_bundle, resource = holdings.request.per_bundle, holdings.accelerator.ray_resource
-        actors = [new_worker(holdings.pg, slot, holdings.bundle, resource, per_bundle) for slot in slots]
+        actors = [self._cluster.start_worker(holdings.pg, slot, holdings.bundle, resource, per_bundle) for slot in slots]
         holdings.actors.extend(actors)
         return actors
 
-    def describe(self, holdings: Holdings, actors: Sequence[Any], slots: Sequence[int]) -> List[Placement]:
+    def describe(self, holdings: Holdings, actors: Sequence[Worker], slots: Sequence[int]) -> List[Placement]:
         """Round trip 1: where each worker landed (node, devices, a free port); their files noted for removal."""
         used = frozenset(self._master_ports)
-        placements: List[Placement] = self._await((), [actor.describe.remote(i, used) for actor, i in zip(actors, slots)], "started")
+        calls = [self._cluster.call(actor, "describe", i, used) for actor, i in zip(actors, slots)]
+        placements: List[Placement] = self._await((), calls, "started")
         holdings.agents.note(placements)
         return placements
 
-    def attempt(self, holdings: Holdings, actors: Dict[int, Any], placements: List[Placement], standby: Sequence[Placement] = ()) -> World:
+    def attempt(
+        self, holdings: Holdings, actors: Dict[int, Worker], placements: List[Placement], standby: Sequence[Placement] = ()
+    ) -> World:
         """This attempt's world from where its workers landed (``actors`` by
         slot): ranks, output, round trip 2 (set up), then its watchers."""
-        workers = assign_ranks(placements, ray.get_runtime_context().get_node_id(), self._node_order, standby)
+        workers = assign_ranks(placements, self._cluster.driver_node(), self._node_order, standby)
         if holdings.request.node_layout:
             broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
@@ -217,7 +218,7 @@ class GroupBuilder:
             routes=tuple(routes),
             output=GroupOutput(workers, routes, self._router),
             agents=holdings.agents,
-            relay=DebugRelay(ray.util.get_node_ip_address()),
+            relay=DebugRelay(self._cluster.driver_ip()),
             flight_recorder=self.config.flight_recorder,
         )
         try:
@@ -234,7 +235,8 @@ class GroupBuilder:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         self._master_ports.add(master_port)
         specs = self._specs(holdings, world, master_port)
-        return self._await(world.workers, [a.setup.remote(s) for a, s in zip(world.actors, specs)], "initialised", holdings.agents)
+        calls = [self._cluster.call(actor, "setup", spec) for actor, spec in zip(world.actors, specs)]
+        return self._await(world.workers, calls, "initialised", holdings.agents)
 
     def restart(self, node_order: Sequence[str]) -> None:
         """The next attempt: its number, the node order to keep, and the backend's driver side anew."""
@@ -273,13 +275,11 @@ class GroupBuilder:
             for worker, backend_env in zip(workers, extra)
         ]
 
-    def _await(
-        self, workers: Sequence[WorkerInfo], refs: List[ray.ObjectRef], stage: str, agents: Optional[NodeAgents] = None
-    ) -> List[Any]:
+    def _await(self, workers: Sequence[WorkerInfo], refs: List[Pending], stage: str, agents: Optional[NodeAgents] = None) -> List[Any]:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
         with progress(len(refs), f"raydist: workers {stage}") as bar:
-            waited = wait_for_ranks(refs, timeout, workers, bar, grace=STARTUP_FAILURE_GRACE_S)
+            waited = wait_for_ranks(self._cluster, refs, timeout, workers, bar, grace=STARTUP_FAILURE_GRACE_S)
         if waited.failures:
             failures = explain_deaths(waited.failures, workers, agents) if agents is not None else waited.failures
             error = WorkerGroupError(failures)
@@ -317,14 +317,16 @@ def watchers(config: RunConfig, holdings: Holdings, world: World, stop_group: Ca
     def room() -> int:
         # Whole nodes under the node layout: never a second bundle on a node the group holds.
         taken = list(dict.fromkeys(w.node_id for w in workers)) if request.node_layout else []
-        more = room_for(request, taken) * request.per_bundle
+        more = holdings.cluster.room_for(request, taken) * request.per_bundle
         if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
             seats = {w.actor_index for w in workers} | holdings.spares.bundles()
-            more += len(free_seats(holdings.pg, seats))
+            more += len(free_seats(holdings.cluster, holdings.pg, seats))
         return min(sizes[1] - len(workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
-    drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval).start()
+    drains = GroupWatcher(
+        workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster.draining_nodes
+    ).start()
     watch = StragglerWatch(workers, world.agents).start() if config.flight_recorder else None
     return {"drains": drains, "watch": watch}
 
@@ -336,12 +338,14 @@ def _still_starting(workers: Sequence[WorkerInfo], indices: List[int], stage: st
     return [f"rank {i} (node {workers[i].node_id[:12]}, {workers[i].node_ip})" for i in indices]
 
 
-def _split_spares(placements: List[Placement], spares: int, node_order: Sequence[str]) -> "tuple[List[Placement], List[Placement]]":
+def _split_spares(
+    placements: List[Placement], spares: int, driver_node: Optional[str], node_order: Sequence[str]
+) -> "tuple[List[Placement], List[Placement]]":
     """(ranked workers, spares): the spares are the workers rank order puts
     last, so they sit on the nodes after the driver's, on the highest device
     ids (LOCAL_RANK keeps matching the device where it did)."""
     if not spares:
         return placements, []
-    order = assign_ranks(placements, ray.get_runtime_context().get_node_id(), node_order)
+    order = assign_ranks(placements, driver_node, node_order)
     last = {w.actor_index for w in order[len(order) - spares :]}
     return [p for p in placements if p.index not in last], [p for p in placements if p.index in last]

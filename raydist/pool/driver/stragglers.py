@@ -14,8 +14,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
-import ray
-
 from raydist.pool.records import CollectiveEntry, WorkerInfo
 from raydist.pool.rules.stragglers import Straggler, find_stragglers
 
@@ -58,7 +56,7 @@ class StragglerWatch:
         except Exception as error:  # noqa: BLE001 - without offsets, one node's clock is assumed
             logger.debug("raydist: straggler watch could not read the nodes' clocks: %s", error)
         while not self._stop.wait(self._interval):
-            if not ray.is_initialized():
+            if not self._agents.connected:
                 return
             try:
                 self.poll()
@@ -98,14 +96,15 @@ class StragglerWatch:
         fastest of a few round trips to its agent; 0 on the driver's node."""
         by_node: Dict[str, int] = {}
         for node in dict.fromkeys(w.node_id for w in self._workers):
-            agent = self._agents.actor_on(node)
-            if agent is None:  # the driver's node, answered in this process
+            if self._agents.actor_on(node) is None:  # the driver's node, answered in this process
                 continue
             samples = []
             for _ in range(CLOCK_SAMPLES):
                 sent = time.time_ns()
-                remote = ray.get(agent.clock.remote(), timeout=5.0)
+                remote = self._agents.clock(node, timeout=5.0)
                 back = time.time_ns()
-                samples.append((back - sent, remote - (sent + back) // 2))
-            by_node[node] = min(samples)[1]
+                if remote is not None:
+                    samples.append((back - sent, remote - (sent + back) // 2))
+            if samples:
+                by_node[node] = min(samples)[1]
         return {w.rank: by_node.get(w.node_id, 0) for w in self._workers}

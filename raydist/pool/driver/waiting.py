@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-import ray
-from ray.exceptions import RayActorError, RaySystemError
-
 from raydist.errors import WorkerFailure
+from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.records import Outcome, WorkerInfo
 from raydist.pool.rules.outcomes import death_line, rank_failure, step_error_text
 
@@ -41,7 +39,8 @@ class Waited:
 
 
 def wait_for_ranks(
-    refs: Sequence[ray.ObjectRef],
+    cluster: Cluster,
+    refs: Sequence[Pending],
     timeout: Optional[float],
     workers: Sequence[WorkerInfo],
     progress: Optional[Any] = None,  # a tqdm-like bar
@@ -54,14 +53,14 @@ def wait_for_ranks(
     ``actors`` (by rank) marks ``refs`` as user calls: an error that is not a
     death is then a return value that could not be sent back."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pending: Dict[ray.ObjectRef, int] = {ref: rank for rank, ref in enumerate(refs)}
+    pending: Dict[Pending, int] = {ref: rank for rank, ref in enumerate(refs)}
     waited = Waited(results=[None] * len(refs))
     # Fast path: a short call is usually back on every rank within
     # FAST_PATH_S, all of it fetched in one round trip; otherwise (or when
     # one rank failed) wait one at a time to spot failures early.
     try:
-        waited.results = ray.get(list(refs), timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
-    except Exception:  # noqa: BLE001 - not back yet, or a rank failed: the careful path reads each
+        waited.results = cluster.get(refs, timeout=min(timeout or FAST_PATH_S, FAST_PATH_S))
+    except (TimeoutError, WorkerDied, CallFailed):  # not back yet, or a rank failed: the careful path reads each
         pass
     else:
         if not any(isinstance(value, Outcome) and not value.ok for value in waited.results):
@@ -69,51 +68,43 @@ def wait_for_ranks(
             return waited
         waited.results = [None] * len(refs)
     while pending and not waited.failures:
-        _check_ray()
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not ray.wait(list(pending), num_returns=1, timeout=remaining)[0]:
+        if not cluster.wait(list(pending), num_returns=1, timeout=remaining)[0]:
             break  # timed out
         # Take everything already finished in one go (cheap for warm calls).
-        _check_ray()
-        _take(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers, actors)
+        _take(cluster, cluster.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers, actors)
         if progress is not None:
             progress.update(len(refs) - len(pending) - progress.n)
     if waited.failures and pending:
-        _check_ray()
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=grace)
-        _take(ready, pending, waited, workers, actors)
+        ready, _ = cluster.wait(list(pending), num_returns=len(pending), timeout=grace)
+        _take(cluster, ready, pending, waited, workers, actors)
     waited.pending = sorted(pending.values())
     return waited
 
 
-def _check_ray() -> None:
-    # Ray calls after ray.shutdown() (from another thread) would start a new local Ray.
-    if not ray.is_initialized():
-        raise RuntimeError("Ray was shut down while raydist waited for its workers")
-
-
 def _take(
-    ready: List[ray.ObjectRef],
-    pending: Dict[ray.ObjectRef, int],
+    cluster: Cluster,
+    ready: List[Pending],
+    pending: Dict[Pending, int],
     waited: Waited,
     workers: Sequence[WorkerInfo],
     actors: Optional[Sequence[Any]],
 ) -> None:
     """Move finished ranks from ``pending`` into the results or the failures."""
     try:
-        values: List[Any] = ray.get(ready)  # one call for the common case
-    except Exception:  # noqa: BLE001 - the ranks' errors are read one by one below
-        values = [_FETCH_ONE] * len(ready)  # some failed: fetch one by one
+        values: List[Any] = cluster.get(ready)  # one call for the common case
+    except (WorkerDied, CallFailed):  # the ranks' errors are read one by one below
+        values = [_FETCH_ONE] * len(ready)
     for ref, value in zip(ready, values):
         rank = pending.pop(ref)
         worker = workers[rank] if rank < len(workers) else None
         try:
-            value = ray.get(ref) if value is _FETCH_ONE else value
-        except RayActorError as error:
-            waited.failures.append(rank_failure(rank, worker, died=_death_text(error)))
+            value = cluster.get([ref])[0] if value is _FETCH_ONE else value
+        except WorkerDied as error:
+            waited.failures.append(rank_failure(rank, worker, died=death_line(str(error))))
             continue
-        except Exception as error:  # noqa: BLE001 - a start-up step raised, or a result could not travel
-            text = _unsendable_result(rank, error, actors[rank]) if actors is not None else step_error_text(str(error))
+        except CallFailed as error:  # a start-up step raised, or a result could not travel
+            text = _unsendable_result(cluster, rank, error, actors[rank]) if actors is not None else step_error_text(str(error))
             waited.failures.append(rank_failure(rank, worker, traceback=text))
             if actors is not None:
                 waited.unsent.append(rank)
@@ -126,24 +117,20 @@ def _take(
         waited.results[rank] = value
 
 
-def _unsendable_result(rank: int, error: Exception, actor: Any) -> str:
+def _unsendable_result(cluster: Cluster, rank: int, error: CallFailed, actor: Any) -> str:
     """The call ran, but its return value could not be pickled to come back,
-    or came back and could not be unpickled here (Ray raises RaySystemError)."""
-    cause = getattr(error, "cause", None) or error
+    or came back and could not be unpickled here."""
+    cause = error.cause
     last = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-    if isinstance(error, RaySystemError):
+    if error.unreadable:
         return (
             f"the return value of rank {rank} was sent but cannot be unpickled on the driver: "
             f"{type(cause).__name__}: {last} (is its class importable here?)"
         )
     try:
-        kind = ray.get(actor.returned_type.remote(), timeout=5)
+        kind = cluster.get([cluster.call(actor, "returned_type")], timeout=5)[0]
     except Exception:  # noqa: BLE001 - the type is a detail; the message stands without it
         kind = ""
     of_type = f" (a {kind})" if kind else ""
     hint = "; return a list of its items instead" if kind.endswith(".generator") else ""
     return f"the return value of rank {rank}{of_type} cannot be pickled to send it back: {type(cause).__name__}: {last}{hint}"
-
-
-def _death_text(error: RayActorError) -> str:
-    return death_line(str(error))

@@ -18,7 +18,7 @@ WATCH_INTERVAL_S = 1.0
 
 
 class GroupWatcher:
-    """Polls Ray while a group lives. When one of its nodes starts draining,
+    """Polls the cluster while a group lives. When one of its nodes starts draining,
     it warns the ranks there at once (``warn``), once per node; with a
     ``room`` probe (``restart_to_grow``), it stops the group (``stop_group``)
     when the cluster could host more of its workers."""
@@ -30,6 +30,7 @@ class GroupWatcher:
         stop_group: Callable[[], None],
         room: Optional[Callable[[], int]] = None,
         interval: float = WATCH_INTERVAL_S,
+        draining: Callable[[], Mapping[str, float]] = dict,  # the cluster's draining nodes (Cluster.draining_nodes)
     ):
         self._ranks_by_node: Dict[str, List[int]] = {}
         for worker in workers:
@@ -38,6 +39,7 @@ class GroupWatcher:
         self._stop_group = stop_group
         self._room = room
         self._interval = interval
+        self._draining = draining
         self.drained: Dict[str, float] = {}  # node id -> deadline (seconds since the epoch)
         self.grow_by = 0  # set when it stopped the group to restart larger
         self._stop = threading.Event()
@@ -52,11 +54,9 @@ class GroupWatcher:
         self._stop.set()
 
     def _run(self) -> None:
-        from raydist.pool.cluster import ray_private  # here: the watcher's rules need no Ray
-
         while not self._stop.wait(self._interval):
             try:
-                self.look(ray_private.draining_nodes())
+                self.look(self._draining())
             except Exception as error:  # noqa: BLE001 - a watcher must not die of one bad poll
                 if self._stop.is_set():
                     return

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from types import TracebackType
@@ -17,12 +16,12 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, FrozenSet, Mapping
 import ray
 import ray.cloudpickle
 
-from raydist.pool.cluster.ray_private import ACTOR_NAME_TOKEN
+from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
-from raydist.pool.worker.evidence import leave_evidence, user_code_interruptible
+from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 
@@ -135,7 +134,7 @@ class RayWorker:
         ids = context.get_accelerator_ids().get(self._accelerator_resource, []) if self._accelerator_resource else []
         evidence = self._evidence
         if evidence is None:  # once per process: a kept worker is described again at each warm restart
-            evidence = WorkerEvidence.for_process(os.getpid(), os.path.join(tempfile.gettempdir(), "raydist-workers"))
+            evidence = WorkerEvidence.for_process(os.getpid(), scratch_dir())
             leave_evidence(evidence)
             serve_diagnostics(evidence.diagnostics_path)  # answers while a collective blocks the call
             self._evidence = evidence

@@ -17,7 +17,7 @@ import ray.cloudpickle
 import torch
 
 from raydist.config import DEFAULT_OBJECT_STORE_THRESHOLD
-from raydist.pool.cluster.ray_private import drop_pickled_reference
+from raydist.pool.ray_private import drop_pickled_reference
 
 _MAX_ITEMS = 10_000  # do not walk huge containers just to size them
 

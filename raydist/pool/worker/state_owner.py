@@ -16,7 +16,7 @@ import threading
 
 import ray
 
-from raydist.pool.cluster.ray_private import job_is_alive
+from raydist.pool.ray_private import job_is_alive
 
 WATCH_INTERVAL_S = 1.0  # seconds between looks at the driver's job (one GCS read each)
 CLOSE_TIMEOUT_S = 300.0  # seconds to finish writing the last step to state_dir

@@ -82,6 +82,56 @@ def test_ray_stays_out_of_the_core_backends_config_and_rules() -> None:
                 assert not any(n == "ray" or n.startswith("ray.") for n in names), name
 
 
+# Within the pool, each part may read the ones after it in this list, never one before:
+# the driver (the engine) sits on the cluster's seam, and both on the worker side's records and rules.
+POOL_LAYERS = ("raydist.pool.driver", "raydist.pool.cluster", "raydist.pool.worker", "raydist.pool.rules")
+
+
+def test_the_pools_parts_import_downward_only() -> None:
+    for name, tree in MODULES.items():
+        layer = next((i for i, prefix in enumerate(POOL_LAYERS) if name.startswith(prefix)), None)
+        if layer is None:
+            continue
+        above = POOL_LAYERS[:layer]
+        upward = {m for m in imports(tree, top_level_only=False) if m.startswith(above)}
+        assert upward == set(), name
+
+
+def imports_ray(tree: ast.Module) -> bool:
+    """Whether ``tree`` imports Ray itself, anywhere (a lazy import too)."""
+    for node in ast.walk(tree):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        if any(n == "ray" or n.startswith("ray.") for n in names):
+            return True
+    return False
+
+
+# The driver's parts that still reach Ray themselves, not through the seam:
+# Ray Data's splits and the training-state keeper; each leaves this list when it moves.
+DRIVER_MODULES_ON_RAY = {"raydist.pool.driver.datasets", "raydist.pool.driver.state"}
+
+
+def test_the_engine_reaches_ray_only_through_the_cluster_seam() -> None:
+    """Start-up, calls, restarts, spares and shutdown (``raydist.pool.driver``)
+    ask a ``Cluster`` (``raydist.pool.cluster.seam``, itself Ray-free); only
+    ``raydist.pool.cluster`` and the worker side import Ray."""
+    assert not imports_ray(MODULES["raydist.pool.cluster.seam"])
+    on_ray = {name for name, tree in MODULES.items() if name.startswith("raydist.pool.driver") and imports_ray(tree)}
+    assert on_ray == DRIVER_MODULES_ON_RAY
+
+
+def test_the_ray_import_finder_sees_lazy_and_from_imports() -> None:
+    assert imports_ray(ast.parse("def f():\n    import ray.util\n"))
+    assert imports_ray(ast.parse("from ray.exceptions import RayActorError\n"))
+    assert not imports_ray(ast.parse("import raydist\nfrom raydist import ray_private\n"))
+
+
 def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
     state: Dict[str, int] = {}  # 1: on the path, 2: done
     path: List[str] = []

@@ -1,0 +1,134 @@
+"""The cluster seam: everything a worker group asks of the cluster, and nothing more.
+
+The engine (start-up, calls, warm and fresh restarts, spares, shutdown, in
+``raydist.pool.driver``) reaches the cluster only through a ``Cluster``:
+reserve a placement, start a worker (or a node agent) in it, call a method
+on it, wait for the first of many calls to end and read their results, kill
+a worker, free the placement, and read the nodes (alive, draining, free
+resources). ``RayCluster`` (``pool/cluster/ray_cluster.py``) does it with Ray;
+everything above this seam is plain Python. Handles are opaque to the engine:
+a worker is whatever ``start_worker`` returned, a pending call whatever
+``call`` returned.
+
+Ray-free: the unit tier imports it without Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+from raydist.pool.records import ClusterNode
+from raydist.pool.rules.sizing import Request
+
+Worker = Any  # a started worker or node agent (Ray: an actor handle)
+Pending = Any  # a call not yet read (Ray: an ObjectRef)
+Reservation = Any  # the group's placed bundles (Ray: a placement group)
+
+
+class WorkerDied(Exception):
+    """The process a call ran in is gone (``str``: how the cluster saw it die)."""
+
+
+class CallFailed(Exception):
+    """The call ended without a result to read: a raydist method raised on
+    the worker, or (for the user's code, whose own errors come back in an
+    ``Outcome``) the value it returned could not be pickled there; or
+    (``unreadable``) it arrived and cannot be unpickled here. ``str``: the
+    cluster's whole text (the worker's traceback); ``cause``: the error itself."""
+
+    def __init__(self, text: str, cause: BaseException, unreadable: bool = False):
+        super().__init__(text)
+        self.cause = cause
+        self.unreadable = unreadable
+
+
+class Cluster(Protocol):
+    """What the engine needs of a cluster. A call's result is read with
+    ``get``, which raises ``WorkerDied`` or ``CallFailed``
+    instead of the cluster's own errors."""
+
+    # -- who is there ---------------------------------------------------------
+    def connect(self, address: Optional[str], startup_timeout: float) -> None:
+        """Join the cluster at ``address`` (None: the default one) unless this process has."""
+        ...
+
+    def session(self) -> Optional[str]:
+        """An id of the cluster session this process is connected to; None once it is gone."""
+        ...
+
+    def driver_node(self) -> Optional[str]:
+        """The node this driver runs on; None where its files are elsewhere (a remote client)."""
+        ...
+
+    def driver_ip(self) -> str: ...
+
+    def alive_nodes(self) -> List[ClusterNode]: ...
+
+    def draining_nodes(self) -> Dict[str, float]:
+        """Nodes being drained, each with its deadline (seconds since the epoch; inf: none)."""
+        ...
+
+    def free_resources(self) -> Dict[str, Dict[str, float]]:
+        """What is free now on each alive node (node id -> amounts)."""
+        ...
+
+    # -- placement ------------------------------------------------------------
+    def reserve(self, request: Request, timeout: float) -> Tuple[Reservation, int]:
+        """Bundles for ``request``, placed, and how many (an elastic size
+        takes what fits); InfeasibleResourcesError when it cannot, at once
+        or after ``timeout`` seconds."""
+        ...
+
+    def bundle_nodes(self, reservation: Reservation) -> Dict[int, str]:
+        """Where each placed bundle of ``reservation`` is now (bundle -> node id)."""
+        ...
+
+    def free(self, reservation: Reservation) -> None:
+        """Give the bundles back (the workers in them die with them)."""
+        ...
+
+    def wait_released(self, held: Mapping[str, Mapping[str, float]]) -> None:
+        """Until resources a freed group held (node id -> amounts) show as free again, briefly."""
+        ...
+
+    def room_for(self, request: Request, taken: Sequence[str] = ()) -> int:
+        """How many more of ``request``'s bundles fit now, leaving out the nodes in ``taken``."""
+        ...
+
+    # -- workers --------------------------------------------------------------
+    def start_worker(
+        self, reservation: Reservation, slot: int, bundle: Mapping[str, float], accelerator_resource: Optional[str], per_bundle: int = 1
+    ) -> Worker:
+        """A new worker (``raydist.pool.worker.actor.RayWorker``) in slot
+        ``slot`` of ``reservation``: its bundle ``slot // per_bundle``."""
+        ...
+
+    def start_agent(self, node_id: str) -> Worker:
+        """A node agent (``raydist.pool.worker.evidence.NodeAgent``) on ``node_id``."""
+        ...
+
+    def call(self, worker: Worker, method: str, *args: Any) -> Pending:
+        """Queue ``worker.method(*args)``; calls to one worker run in the order sent."""
+        ...
+
+    def pickle(self, value: Any) -> bytes:
+        """``value`` as the workers unpickle it (the cluster's own handles in it included)."""
+        ...
+
+    def share(self, data: bytes) -> Any:
+        """``data`` stored once, to be passed to many calls (each reads the one copy)."""
+        ...
+
+    def wait(self, pending: Sequence[Pending], num_returns: int, timeout: Optional[float]) -> Tuple[List[Pending], List[Pending]]:
+        """(ended, not ended) once ``num_returns`` of ``pending`` have ended or ``timeout`` passed."""
+        ...
+
+    def get(self, pending: Sequence[Pending], timeout: Optional[float] = None) -> List[Any]:
+        """The results of ``pending`` (ended calls), in order; raises for the
+        first that failed (``WorkerDied``, ``CallFailed``)
+        and TimeoutError when one has not ended within ``timeout``."""
+        ...
+
+    def kill(self, worker: Worker) -> None:
+        """End ``worker``'s process now (its calls fail with ``WorkerDied``); returns at once."""
+        ...
