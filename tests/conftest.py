@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -255,21 +254,24 @@ def live_placement_groups() -> List[str]:
 
 
 def raydist_files_of(pids: Iterable[int]) -> List[str]:
-    """Files under the temp directory's raydist folders owned by one of
-    ``pids``: the first number in a name is its process's pid (``stacks-<pid>``,
-    ``<driver pid>-<port>.json``; a port that equals a pid is not a match)."""
-    wanted = {str(pid) for pid in pids}
-    found = []
-    tmp = tempfile.gettempdir()
-    for top in (name for name in os.listdir(tmp) if "raydist" in name):
-        for root, _, names in os.walk(os.path.join(tmp, top)):
-            found += [os.path.join(root, n) for n in names if _numbers_in(n)[:1] and _numbers_in(n)[0] in wanted]
+    """The files raydist made for one of ``pids`` that are still there: a
+    worker's own files (``WorkerEvidence.own_files``: its exit note, stacks,
+    diagnostics socket, ...) in the workers' scratch folder, and a driver's
+    pdb relay entries. Only raydist's own folders and names count: another
+    program's folder named like raydist's (a virtualenv, whose ``cp500.pyi``
+    has a pid's number in it) is not raydist's leftover."""
+    from raydist.pool.driver.debug_relay import REGISTERED, registry_dir
+    from raydist.pool.records import WorkerEvidence
+    from raydist.pool.worker.evidence import scratch_dir
+
+    wanted = set(pids)
+    found = [path for pid in sorted(wanted) for path in WorkerEvidence.for_process(pid, scratch_dir()).own_files if os.path.lexists(path)]
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(registry_dir())):
+            entry = REGISTERED.match(name)
+            if entry is not None and int(entry.group(1)) in wanted:
+                found.append(os.path.join(registry_dir(), name))
     return found
-
-
-def _numbers_in(name: str) -> List[str]:
-    digits = "".join(c if c.isdigit() else " " for c in name)
-    return digits.split()
 
 
 def listening_ports() -> Set[int]:
@@ -332,9 +334,9 @@ def assert_nothing_left(ports_before: Optional[Set[int]] = None, files: bool = T
     """The one leak check, after a group or run has ended: no raydist actor
     alive and no placement group (at once, or ``within`` seconds where the
     end is asynchronous, as after a restart); no process of any raydist actor
-    this Ray ran, none of their files under the temp directory's raydist
-    folders (``files=False`` where a test SIGKILLed a worker, whose files the
-    next start on that machine removes), and, given ``ports_before``, no new
+    this Ray ran, none of the files raydist made for them (``raydist_files_of``;
+    ``files=False`` where a test SIGKILLed a worker, whose files the next
+    start on that machine removes), and, given ``ports_before``, no new
     listening port in the driver, within ``exit_s`` (processes exit
     asynchronously)."""
     found = _settled(_ray_leftovers, within)

@@ -88,6 +88,12 @@ def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
 @pytest.mark.usefixtures("ray_local")
 def test_stacks_of_a_live_group_without_stopping_it() -> None:
     with raydist.WorkerGroup(2, resources_per_worker={"CPU": 0.5}) as group:
+        # Between calls (before the first, after one) a rank is idle: raydist's
+        # own threads (its diagnostics socket) are not where it is.
+        before = group.stacks()
+        group.run(noop)
+        for idle in (before, group.stacks()):
+            assert idle.splitlines()[0] == "ranks 0-1: idle (no call running)" and "recorder.py" not in idle, idle
         future = group.submit(rank_one_stuck_in_python)
         text = group.stacks()
         for _ in range(50):  # the call may not have reached its wait yet: ask until both are there

@@ -235,6 +235,7 @@ def test_the_groups_own_timeout_tears_down_and_asking_again_gives_the_same_error
     with pytest.raises(raydist.WorkerGroupTimeout) as second:
         future.result()
     assert second.value is first.value  # not "SIGKILL from outside": that was raydist's own teardown
+    assert first.value.timeout == 1 and str(first.value).startswith("timed out after 1 s; rank 0 had not finished"), str(first.value)
     assert_nothing_left()
 
 

@@ -29,7 +29,7 @@ from raydist.pool.worker.debugger import ADDRESS_VAR, TOKEN_VAR
 from raydist.pool.worker.evidence import remove_stale
 
 HELLO_TIMEOUT_S = 5.0
-_REGISTERED = re.compile(r"^(\d+)-\d+\.json$")  # <driver pid>-<port>.json
+REGISTERED = re.compile(r"^(\d+)-\d+\.json$")  # <driver pid>-<port>.json: a relay's entry in registry_dir(), group 1 its pid
 
 
 def registry_dir() -> str:
@@ -142,7 +142,7 @@ class DebugRelay:
 
     def _register(self) -> None:
         os.makedirs(registry_dir(), exist_ok=True)
-        remove_stale(registry_dir(), stale_after=0, owned=_REGISTERED)  # drivers that were killed (SIGKILL) left theirs
+        remove_stale(registry_dir(), stale_after=0, owned=REGISTERED)  # drivers that were killed (SIGKILL) left theirs
         descriptor = os.open(self._registry, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as file:
             json.dump({"address": self.address, "token": self.token, "pid": os.getpid()}, file)

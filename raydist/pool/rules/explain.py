@@ -28,6 +28,13 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 # Frames that are raydist's or Ray's own machinery around the user's call.
 _MACHINERY = (os.sep + "ray" + os.sep, os.path.join("raydist", "pool") + os.sep, os.sep + "runpy.py", "<frozen runpy>")
 
+# What a rank that runs no call reads as in group.stacks() and in a timeout's report.
+IDLE_TEXT = "idle (no call running)"
+_EXECUTE_FILE = os.path.join("worker", "actor.py")  # raydist's RayWorker.execute runs every call
+_THREADING = os.sep + "threading.py"
+# raydist's own code, where its background threads start.
+_RAYDIST_CODE = (os.path.join("raydist", "pool") + os.sep, os.path.join("raydist", "core") + os.sep)
+
 _COLLECTIVE_FILES = (
     os.path.join("torch", "distributed") + os.sep,
     os.sep + "horovod" + os.sep,
@@ -69,18 +76,16 @@ class StackSummary:
 
 
 def summarize_stack(dump: str) -> StackSummary:
-    """The stack of the thread running the user's call, from a faulthandler dump."""
-    threads: List[List[Tuple[str, int, str]]] = []
-    for line in dump.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            threads.append([])
-            continue
-        match = _FRAME.match(line)
-        if match and threads:
-            threads[-1].append((match["file"], int(match["line"]), match["func"]))
-    # faulthandler lists the most recent call first; the call runs under raydist's execute.
-    running = [t for t in threads if any(f.endswith(os.path.join("worker", "actor.py")) and fn == "execute" for f, _, fn in t)]
-    frames = list(reversed(running[0] if running else (threads[0] if threads else [])))
+    """The stack of the thread running the user's call, from a faulthandler
+    dump; ``IDLE_TEXT`` for a rank that runs no call (raydist's own threads,
+    and Ray's idle task loop, say nothing of where the rank is)."""
+    threads = [thread for thread in _threads(dump) if not _raydist_thread(thread)]
+    # The call runs under raydist's execute; a thread cut short at faulthandler's
+    # frame limit may hide it (a deep recursion in the user's code).
+    running = [t for t in threads if _runs_the_call(t)] or [t for t in threads if t.truncated]
+    if not running:
+        return StackSummary(IDLE_TEXT, (), False)
+    frames = list(reversed(running[0].frames))
     while frames and any(m in frames[0][0] for m in _MACHINERY):
         frames.pop(0)
     if not frames:
@@ -92,6 +97,44 @@ def summarize_stack(dump: str) -> StackSummary:
         where += f", from {user[-1][2]} at {os.path.basename(user[-1][0])}:{user[-1][1]}"
     lines = tuple(f'File "{file}", line {line}, in {func}' for file, line, func in frames)
     return StackSummary(where, lines, any(c in f[0] for f in frames for c in _COLLECTIVE_FILES))
+
+
+@dataclass(frozen=True)
+class _Thread:
+    frames: Tuple[Tuple[str, int, str], ...]  # (file, line, function), the most recent call first, as faulthandler lists them
+    truncated: bool  # faulthandler stopped at its frame limit: the outermost frames are missing
+
+
+def _threads(dump: str) -> List[_Thread]:
+    found: List[Tuple[List[Tuple[str, int, str]], bool]] = []  # each thread's frames, and whether they were cut short
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            found.append(([], False))
+            continue
+        match = _FRAME.match(line)
+        if match and found:
+            found[-1][0].append((match["file"], int(match["line"]), match["func"]))
+        elif line.strip() == "..." and found:  # faulthandler's mark for a stack past its frame limit
+            found[-1] = (found[-1][0], True)
+    return [_Thread(tuple(frames), truncated) for frames, truncated in found if frames]
+
+
+def _runs_the_call(thread: _Thread) -> bool:
+    return any(file.endswith(_EXECUTE_FILE) and func == "execute" for file, _, func in thread.frames)
+
+
+def _raydist_thread(thread: _Thread) -> bool:
+    """One of raydist's own background threads (the diagnostics socket,
+    save_state's sender and loader, ...): a thread started by ``threading``
+    with raydist's code as its target (its outermost frame past threading's)."""
+    if thread.truncated or not thread.frames[-1][0].endswith(_THREADING) or _runs_the_call(thread):
+        return False
+    target = next((file for file, _, _ in reversed(thread.frames) if not file.endswith(_THREADING)), "")
+    return _is_raydist(target)
+
+
+def _is_raydist(path: str) -> bool:
+    return any(part in path for part in _RAYDIST_CODE)
 
 
 def _is_library(path: str) -> bool:

@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import signal
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,10 +41,16 @@ STACK_SIGNAL = signal.SIGRTMIN + 6
 NOTED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 TAIL_LINES = 20
+SCRATCH_FOLDER = "raydist-workers"  # under the node's temp directory, shared by every run there
 # The files a worker leaves under its pid (see WorkerEvidence.for_process).
 _OWN_FILE = re.compile(r"^(?:exit|stacks|preempted|error|diag)-(\d+)(?:\.json|\.sock)?$")
 # A dead process's files younger than this may still be read as the evidence of its death.
 STALE_AFTER_S = 30.0
+
+
+def scratch_dir() -> str:
+    """Where this node's workers leave their evidence."""
+    return os.path.join(tempfile.gettempdir(), SCRATCH_FOLDER)
 
 
 def leave_evidence(evidence: WorkerEvidence) -> None:

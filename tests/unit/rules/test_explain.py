@@ -89,3 +89,47 @@ def test_a_start_up_step_error_loses_rays_decoration_and_keeps_the_message() -> 
         "    context = init_distributed(device=spec.device_type)\n"
         "RuntimeError: the library is missing on this worker"
     )
+
+
+RAYDIST = os.path.join("site-packages", "raydist", "pool", "worker")
+THREADING = os.path.join("/x", "threading.py")
+# raydist's diagnostics socket and save_state's sender, and Ray's task loop
+# waiting for the next call: a rank between calls, as faulthandler dumps it.
+OWN_THREADS = f"""Thread 0x00007f0000000003 (most recent call first):
+  File "/x/socket.py", line 294 in accept
+  File "/x/{RAYDIST}/recorder.py", line 101 in serve
+  File "{THREADING}", line 982 in run
+  File "{THREADING}", line 1045 in _bootstrap_inner
+  File "{THREADING}", line 1002 in _bootstrap
+
+Thread 0x00007f0000000004 (most recent call first):
+  File "{THREADING}", line 320 in wait
+  File "/x/{RAYDIST}/state_client.py", line 170 in _send
+  File "{THREADING}", line 982 in run
+  File "{THREADING}", line 1045 in _bootstrap_inner
+  File "{THREADING}", line 1002 in _bootstrap
+"""
+IDLE_DUMP = f"""{OWN_THREADS}
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/x/site-packages/ray/_private/worker.py", line 1069 in main_loop
+  File "/x/site-packages/ray/_private/workers/default_worker.py", line 323 in <module>
+"""
+
+
+def test_a_rank_between_calls_reads_as_idle_not_as_raydists_own_threads() -> None:
+    summary = summarize_stack(IDLE_DUMP)
+    assert summary.where == "idle (no call running)" and summary.frames == () and not summary.in_collective
+    text = format_stacks({0: IDLE_DUMP, 1: IDLE_DUMP})
+    assert text == "ranks 0-1: idle (no call running)"
+    assert "recorder.py" not in text and "state_client.py" not in text
+
+
+def test_raydists_own_threads_listed_first_do_not_hide_the_call() -> None:
+    summary = summarize_stack(OWN_THREADS + "\n" + DUMP_IN_USER_CODE)
+    assert summary.where == "in load_batch at train.py:12"
+
+
+def test_a_call_deeper_than_faulthandlers_frame_limit_is_not_idle() -> None:
+    deep = "".join('  File "/home/me/train.py", line 5 in recurse\n' for _ in range(100))
+    dump = f"{OWN_THREADS}\nCurrent thread 0x00007f0000000002 (most recent call first):\n{deep}  ...\n"
+    assert summarize_stack(dump).where == "in recurse at train.py:5"
