@@ -94,6 +94,17 @@ class WorkerFailure:
         """The process died, as opposed to raising or exiting."""
         return self.died is not None
 
+    @property
+    def placed(self) -> bool:
+        """Whether it had reported where it runs (before that, ``rank`` is its worker's number)."""
+        return self.pid >= 0
+
+    def who(self) -> str:
+        """``rank 3 on node ab12 (10.0.0.2), pid 4711``, or ``worker 3 before it reported where it runs``."""
+        if not self.placed:
+            return f"worker {self.rank} before it reported where it runs"
+        return f"rank {self.rank} on node {self.node_id[:12]} ({self.node_ip}), pid {self.pid}"
+
     def summary(self) -> str:
         """The cause in one line: the exception line of a traceback, the exit
         status, or how the process died (not the last line it printed)."""
@@ -128,7 +139,10 @@ def format_failures(failures: Sequence[WorkerFailure], root: WorkerFailure) -> s
         where = "; ".join(sorted({f"node {m.node_id[:12]} ({m.node_ip})" for m in members}))
         pids = ", ".join(str(m.pid) for m in members)
         tag = " [root cause]" if root in members else ""
-        lines.append(f"--- {ranks_text(ranks)}{tag} on {where}, pid {pids}:")
+        if all(m.placed for m in members):
+            lines.append(f"--- {ranks_text(ranks)}{tag} on {where}, pid {pids}:")
+        else:  # start-up failed before the workers said where they run: no ranks yet
+            lines.append(f"--- worker(s) {', '.join(map(str, ranks))}{tag}, before they reported where they run:")
         lines.append(detail)
     return "\n".join(lines)
 
@@ -171,10 +185,9 @@ class WorkerGroupError(RaydistError, RuntimeError):
 
     def _message(self) -> str:
         root = self.root_cause
-        head = (
-            f"{len(self.failures)} rank(s) failed: {self.failed_ranks}; root cause: rank {root.rank} "
-            f"on node {root.node_id[:12]} ({root.node_ip}), pid {root.pid}"
-        )
+        head = f"{len(self.failures)} rank(s) failed: {self.failed_ranks}; root cause: {root.who()}"
+        if not root.placed:
+            head = f"{len(self.failures)} worker(s) failed while starting: {self.failed_ranks}; root cause: {root.who()}"
         parts = [head]
         if self.attempts:
             parts.append(f"after {len(self.attempts) + 1} attempts; earlier root causes:")

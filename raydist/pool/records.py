@@ -25,6 +25,11 @@ INLINE_CALL_BYTES = 64 * 1024
 # its Outcome, where Ray pickles it as it would any argument.
 BARE_RESULT_TYPES: FrozenSet[type] = frozenset({type(None), bool, int, float, complex, str, bytes, list, tuple, dict})
 
+# A run's training state: the variable that tells each rank where it lives, and
+# the namespace its keeper (named after the run's state) is found in.
+STATE_SETTINGS_VAR = "RAYDIST_STATE"
+STATE_NAMESPACE = "raydist-state"
+
 
 @dataclass(frozen=True)
 class WorkerEvidence:

@@ -9,7 +9,9 @@ above the seam knows Ray's exception classes.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 import ray.cloudpickle
@@ -20,7 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from raydist.pool import ray_private
 from raydist.pool.cluster import placement
 from raydist.pool.cluster.connect import connect, connected_session
-from raydist.pool.cluster.seam import CallFailed, Pending, Worker, WorkerDied
+from raydist.pool.cluster.seam import CallFailed, Pending, Printer, Worker, WorkerDied
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 from raydist.pool.worker.actor import RayWorker
@@ -58,6 +60,29 @@ class RayCluster:
 
     def free_resources(self) -> Dict[str, Dict[str, float]]:
         return ray_private.available_resources_per_node()
+
+    def forward_output(self, wrap: Callable[[Printer], Printer], drop: Callable[[List[str]], bool]) -> bool:
+        if not ray_private.wrap_worker_output_printer(wrap):
+            return False
+        ray_private.drop_raylet_messages(drop)
+        return True
+
+    # -- the clock ------------------------------------------------------------
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def after(self, delay: float, fn: Callable[[], None], name: str) -> threading.Timer:
+        timer = threading.Timer(delay, fn)
+        timer.name, timer.daemon = name, True  # a poll never keeps the driver's process alive
+        timer.start()
+        return timer
 
     # -- placement ------------------------------------------------------------
 
@@ -99,6 +124,12 @@ class RayCluster:
 
     def start_agent(self, node_id: str) -> Worker:
         return _RemoteAgent.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+    def find(self, name: str, namespace: str) -> Optional[Worker]:
+        try:
+            return ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return None
 
     def call(self, worker: Worker, method: str, *args: Any) -> Pending:
         return getattr(worker, method).remote(*args)

@@ -15,7 +15,7 @@ Ray-free: the unit tier imports it without Ray.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
@@ -23,6 +23,7 @@ from raydist.pool.rules.sizing import Request
 Worker = Any  # a started worker or node agent (Ray: an actor handle)
 Pending = Any  # a call not yet read (Ray: an ObjectRef)
 Reservation = Any  # the group's placed bundles (Ray: a placement group)
+Printer = Callable[[Dict[str, Any]], None]  # prints one batch of a worker's forwarded lines ("lines", "pid", "ip", "is_err")
 
 
 class WorkerDied(Exception):
@@ -40,6 +41,12 @@ class CallFailed(Exception):
         super().__init__(text)
         self.cause = cause
         self.unreadable = unreadable
+
+
+class Timer(Protocol):
+    """A function ``Cluster.after`` will run, until cancelled."""
+
+    def cancel(self) -> None: ...
 
 
 class Cluster(Protocol):
@@ -70,6 +77,27 @@ class Cluster(Protocol):
 
     def free_resources(self) -> Dict[str, Dict[str, float]]:
         """What is free now on each alive node (node id -> amounts)."""
+        ...
+
+    def forward_output(self, wrap: Callable[[Printer], Printer], drop: Callable[[List[str]], bool]) -> bool:
+        """Pass the worker output this cluster forwards to the driver through
+        ``wrap`` (around its own printer), and leave out its own messages
+        for which ``drop`` is True; False where it forwards none here."""
+        ...
+
+    # -- its clock (the engine's deadlines and waits; a fake cluster's is virtual) --
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float:
+        """Seconds since the epoch, as the workers' failure times are stamped."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def after(self, delay: float, fn: Callable[[], None], name: str) -> Timer:
+        """Run ``fn`` once, ``delay`` seconds from now, off the caller's thread
+        (thread ``name``): the engine's polls and background starts, so that a
+        fake cluster can run them on its own clock, in a fixed order."""
         ...
 
     # -- placement ------------------------------------------------------------
@@ -105,6 +133,10 @@ class Cluster(Protocol):
 
     def start_agent(self, node_id: str) -> Worker:
         """A node agent (``raydist.pool.worker.evidence.NodeAgent``) on ``node_id``."""
+        ...
+
+    def find(self, name: str, namespace: str) -> Optional[Worker]:
+        """The worker-made service of that name (a run's state keeper); None where there is none."""
         ...
 
     def call(self, worker: Worker, method: str, *args: Any) -> Pending:

@@ -4,7 +4,6 @@ its pending result (``WorkerFuture``), and the error for how it ended."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -92,7 +91,7 @@ class WorkerFuture:
         self._split = split  # the call's dataset split (kept with its world too), stopped when the call ends
         self.world, self.refs, self.number = world, refs, number  # the world the call was sent to
         self.actors = list(world.actors)
-        self.deadline = deadline  # the group's timeout (time.monotonic())
+        self.deadline = deadline  # the group's timeout (on its cluster's clock)
         self._result: Optional[List[Any]] = None
         self._error: Optional[BaseException] = None
 
@@ -170,10 +169,10 @@ def forward_signal(cluster: Cluster, world: World, error: BaseException, future:
         shutdown_timeout,
     )
     world.agents.ask(world.workers, range(world.size), "signal", signum)
-    deadline = time.monotonic() + shutdown_timeout
+    deadline = cluster.monotonic() + shutdown_timeout
     pending = list(future.refs)
-    while pending and not signals.hurried() and time.monotonic() < deadline:
-        _, pending = cluster.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+    while pending and not signals.hurried() and cluster.monotonic() < deadline:
+        _, pending = cluster.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - cluster.monotonic())))
     values, failed = _finished_values(cluster, future.refs, pending)  # what the ranks' handlers printed, before the files close
     world.close_output(future.number, values, failed)
 

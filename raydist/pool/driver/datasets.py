@@ -17,9 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import ray
-
-from raydist.pool.cluster.connect import connected_session
+from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.world import World
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
@@ -53,7 +51,7 @@ def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config:
     config = config or DataConfig()
     check_dataset_names(datasets, config)
     try:
-        from ray.data import Dataset
+        from ray.data import Dataset  # the one part of Ray this module knows: the user's datasets are Ray Data's
     except ImportError as error:
         raise ImportError(MISSING_RAY_DATA) from error
     for name, dataset in datasets.items():
@@ -71,31 +69,30 @@ class WorldSplit:
         self._owner = owner
 
     def send(self, actors: Sequence[Any]) -> None:
-        """Queue each rank's iterators before its call (an actor runs calls in order)."""
+        """Queue each rank's iterators before its call (a worker runs calls in order)."""
         for actor, iterators in zip(actors, self.per_rank):
-            actor.set_dataset_shards.remote(iterators)
+            self._owner.cluster.call(actor, "set_dataset_shards", iterators)
 
     def stop(self) -> None:
         """Stop the split's coordinators (once); the iterators fail from then on."""
         coordinators, self._coordinators = self._coordinators, []
         self.per_rank = []
         self._owner.forget(self)
-        if connected_session() != self._owner.session:
-            return  # its Ray is gone, and the coordinators with it (a kill now would start a new Ray)
+        cluster = self._owner.cluster
+        if cluster.session() != self._owner.session:
+            return  # its cluster is gone, and the coordinators with it (a kill now would start a new one)
         for actor in coordinators:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead, or Ray is gone
-                pass
+            cluster.kill(actor)
 
 
 class OpenSplits:
     """A world's splits not yet released (all stopped when the world ends)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
         self._lock = threading.Lock()
         self._open: List[WorldSplit] = []
-        self.session = connected_session()
+        self.session = cluster.session()
 
     def open(self, data: Optional[CallData], workers: Sequence[WorkerInfo], actors: Sequence[Any]) -> Optional[WorldSplit]:
         """Split ``data`` for the world ``workers`` (ordered by rank) and queue
@@ -137,10 +134,11 @@ class OpenSplits:
             world.stop()
 
 
-def warn_without_cpus(held: Mapping[str, Mapping[str, float]], workers: int) -> None:
+def warn_without_cpus(cluster: Cluster, held: Mapping[str, Mapping[str, float]], workers: int) -> None:
     """Log why reading would hang when no CPU is left for Ray Data's tasks."""
     try:
-        free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
+        free = sum(amounts.get("CPU", 0.0) for amounts in cluster.free_resources().values())
+        total = sum(node.resources.get("CPU", 0.0) for node in cluster.alive_nodes())
     except Exception:  # noqa: BLE001 - only a warning: never fail a call over it
         return
     warning = no_cpus_for_data(free, total, sum(amounts.get("CPU", 0.0) for amounts in held.values()), workers)
@@ -156,7 +154,11 @@ def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
 
 
 def split_for_world(
-    world: Optional[World], data: Optional[CallData], held: Callable[[], Mapping[str, Any]], attach: Callable[[str, OpenSplits], None]
+    cluster: Cluster,
+    world: Optional[World],
+    data: Optional[CallData],
+    held: Callable[[], Mapping[str, Any]],
+    attach: Callable[[str, OpenSplits], None],
 ) -> Optional[WorldSplit]:
     """Under the group's phase lock: ``data`` split for ``world``, kept with
     that world (its open splits stop when it ends); None without data."""
@@ -164,7 +166,7 @@ def split_for_world(
         return None
     splits = world.attached.get(DATASETS)
     if not isinstance(splits, OpenSplits):
-        warn_without_cpus(held(), world.size)  # once per world
-        splits = OpenSplits()
+        warn_without_cpus(cluster, held(), world.size)  # once per world
+        splits = OpenSplits(cluster)
         attach(DATASETS, splits)
     return splits.open(data, world.workers, world.actors)

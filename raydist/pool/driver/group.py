@@ -13,14 +13,11 @@ place or tears it down, then raises."""
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.config import RunConfig, make_config
-from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
-from raydist.pool.cluster.ray_cluster import RayCluster
+from raydist.errors import WorkerGroupClosed
 from raydist.pool.cluster.seam import Cluster, Pending
 from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, error_for, forward_signal, prepare_call, send_call
@@ -30,7 +27,7 @@ from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import RestartAborted, restart_in_place
-from raydist.pool.driver.startup import GroupBuilder, Holdings
+from raydist.pool.driver.startup import GroupBuilder, Holdings, RunAttempt
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
@@ -42,24 +39,22 @@ from raydist.pool.rules.stragglers import Straggler
 if TYPE_CHECKING:  # the driver never needs torch: a run's start-up stays light
     from raydist.core.initialize import DistInfo
 
-__all__ = ["RunAttempt", "WorkerFuture", "WorkerGroup", "WorkerInfo", "start_group"]
+__all__ = ["WorkerFuture", "WorkerGroup", "WorkerInfo"]
 
 logger = logging.getLogger("raydist")
 
 
 class WorkerGroup:
-    """A pool of Ray actors, one per rank, kept alive across calls.
+    """A pool of workers, one per rank, kept alive across calls.
 
     ``WorkerGroup(4, backend="gloo")`` or ``WorkerGroup(config=RunConfig(...))``:
-    the keyword options are ``raydist.RunConfig``'s fields. Use as a context
-    manager; ``run`` and ``submit`` execute a function on every rank with
-    torch.distributed already initialised, from any number of threads. With
-    warm restarts, a failure that ``raydist.run`` would restart after still
-    raises (its ``restarted_in_place`` is then True), but the group has
-    replaced its dead ranks in place first.
-    """
+    the keyword options are ``raydist.RunConfig``'s fields; ``cluster``: where the
+    workers run (default: Ray). Use as a context manager; ``run`` and ``submit``
+    execute a function on every rank with torch.distributed initialised, from any
+    number of threads. A failure a warm restart answers still raises (its
+    ``restarted_in_place`` True), with the dead ranks already replaced in place."""
 
-    # Set by _open_group, for the constructor and start_group alike.
+    # Set by _open_group.
     config: RunConfig
     _state: RunState
     _hooks: GroupHooks
@@ -73,10 +68,18 @@ class WorkerGroup:
     _session: Optional[str]
     _builder: GroupBuilder
 
-    def __init__(self, num_workers: Optional[int] = None, *, config: Optional[RunConfig] = None, **options: Any):
+    def __init__(
+        self,
+        num_workers: Optional[int] = None,
+        *,
+        config: Optional[RunConfig] = None,
+        cluster: Optional[Cluster] = None,
+        attempt: Optional[RunAttempt] = None,
+        **options: Any,
+    ):
         if num_workers is not None:
             options["num_workers"] = num_workers
-        _open_group(self, RayCluster(), make_config(config, options))
+        _open_group(self, cluster or _ray_cluster(), make_config(config, options), attempt or RunAttempt())
 
     # -- what the group is -------------------------------------------------
 
@@ -148,7 +151,7 @@ class WorkerGroup:
     def submit_prepared(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
         """Start a call made by ``prepare_call`` on every rank (``data``: its datasets, split for this world)."""
         world, refs, number, split = _send_call(self, call, data)
-        deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
+        deadline = None if self.config.timeout is None else self._cluster.monotonic() + self.config.timeout
         hooks = CallHooks(partial(_finish_call, self), self._check_session, partial(self._stop, CallEnd.CANCELLED), self._cluster)
         return WorkerFuture(hooks, world, refs, number, deadline, split)
 
@@ -170,11 +173,8 @@ class WorkerGroup:
         flight recorders: which rank did not enter the collective the others
         wait in, or entered another). The group keeps running."""
         self._check_usable()
-        world = self._world
-        assert world is not None
-        stacks = world.stacks(range(world.size))
-        collectives = world.collectives({})
-        return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
+        assert self._world is not None
+        return self._world.where_ranks_are()
 
     def stragglers(self, refresh: bool = False) -> List[Straggler]:
         """The ranks that reach collectives consistently later than the others
@@ -223,7 +223,7 @@ class WorkerGroup:
             world.stop_watching()  # kept: what it saw explains the failure
         if holdings is not None and self._cluster.session() == self._session:
             holdings.release(graceful and first)
-            self._state.release()  # after the ranks: the last step they saved is written out first
+            self._state.release(self._cluster)  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         if world is not None:
             # A rank whose value could not come back marked only what it printed: not waited for.
@@ -246,27 +246,8 @@ class WorkerGroup:
                 pass
 
 
-@dataclass(frozen=True)
-class RunAttempt:
-    """Where one attempt of a run starts: its number, the run's logs, the node
-    order to keep, the restarts already counted and the run's training-state
-    name (the run releases that state, not the group)."""
-
-    number: int = 0
-    logs: Optional[RunLogs] = None
-    node_order: Sequence[str] = ()
-    restarts_used: int = 0
-    state_name: Optional[str] = None
-
-
-def start_group(cluster: Cluster, config: RunConfig, attempt: RunAttempt) -> WorkerGroup:
-    """One attempt of a run (``raydist.run``, ``raydist run``) on ``cluster``."""
-    group = WorkerGroup.__new__(WorkerGroup)
-    _open_group(group, cluster, config, attempt)
-    return group
-
-
-def _open_group(group: WorkerGroup, cluster: Cluster, config: RunConfig, attempt: RunAttempt = RunAttempt()) -> None:
+def _open_group(group: WorkerGroup, cluster: Cluster, config: RunConfig, attempt: RunAttempt) -> None:
+    """The group's first world on ``cluster`` (the constructor's work; the run controller will own it)."""
     group.config = config
     group._state = RunState.of(attempt.state_name)  # save_state's copies: the run's, or this group's own
     group._hooks = group_hooks(config)  # a missing backend library fails here, before Ray
@@ -282,11 +263,11 @@ def _open_group(group: WorkerGroup, cluster: Cluster, config: RunConfig, attempt
         config,
         group._hooks,
         attempt.logs or RunLogs(config),
-        router_for(config),
+        router_for(config, cluster),
         weak_stopper(group._stop, CallEnd.GROW),  # held weakly: a group dropped without shutdown() is freed
         attempt.number,
         attempt.node_order,
-        group._state.env(config),
+        group._state.env(config, cluster),
     )
     try:
         group._holdings = group._builder.reserve()  # held at once: a shutdown() from another thread releases it
@@ -304,13 +285,20 @@ def _open_group(group: WorkerGroup, cluster: Cluster, config: RunConfig, attempt
     raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
 
 
+def _ray_cluster() -> Cluster:
+    """The Ray this process connects to (imported here: the engine itself imports without Ray)."""
+    from raydist.pool.cluster.ray_cluster import RayCluster
+
+    return RayCluster()
+
+
 def _send_call(group: WorkerGroup, call: bytes, data: Optional[CallData]) -> Tuple[World, List[Pending], int, Optional[WorldSplit]]:
     """Send ``call`` to the current world's ranks: its world, refs, number and dataset split."""
     with group._life.lock:
         # A call sent during a warm restart runs in the new world (or raises once the group is shut down).
         group._life.changed.wait_for(lambda: group._life.phase is not GroupPhase.RESTARTING)
         group._check_usable()
-        split = split_for_world(group._world, data, lambda: group.held_resources, group.attach)  # queued before the call
+        split = split_for_world(group._cluster, group._world, data, lambda: group.held_resources, group.attach)  # queued before the call
         world = group._world
         assert world is not None
         # One lock around the sends: every rank queues calls in the same order.
@@ -323,7 +311,7 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     """Wait for ``future``'s ranks; the values, or restart in place / tear down, and raise."""
     group._check_session()
     world = future.world
-    group_left = None if future.deadline is None else max(0.0, future.deadline - time.monotonic())
+    group_left = None if future.deadline is None else max(0.0, future.deadline - group._cluster.monotonic())
     limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
     try:
         waited = wait_for_ranks(group._cluster, future.refs, limit, world.workers, None, future.actors)
@@ -345,7 +333,7 @@ def _finish_call(group: WorkerGroup, future: WorkerFuture, timeout: Optional[flo
     if end is CallEnd.FINISHED:
         return world.settle_output(future.number, waited.results)
     ended = error_for(end, world, waited, failures, group.config.timeout or 0.0)  # a timeout says the one set, not the time left
-    group._state.abort(world.attempt)  # no rank waits on a step a dead rank never saves
+    group._state.abort(group._cluster, world.attempt)  # no rank waits on a step a dead rank never saves
     decision = decide_restart(
         ended,
         retry_on_exception=group.config.retry_on_exception,

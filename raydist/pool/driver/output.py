@@ -9,11 +9,11 @@ import logging
 import sys
 import threading
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
+from raydist.pool.cluster.seam import Cluster, Printer
 from raydist.pool.driver.log_files import RankLog
-from raydist.pool.ray_private import drop_raylet_messages, warn_once, wrap_worker_output_printer
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.logs import RankRoute, console_prefix, raylet_death_report_of, split_forwarded, wants_files
 from raydist.pool.worker.markers import MARKER_VAR, Printed
@@ -24,7 +24,6 @@ logger = logging.getLogger("raydist")
 DRAIN_TIMEOUT_S = 5.0
 
 Key = Tuple[Optional[str], str]  # (node IP, pid) as Ray's log monitor names a worker (the pid as text)
-Printer = Callable[[Dict[str, Any]], None]
 
 
 class OutputRouter:
@@ -42,17 +41,17 @@ class OutputRouter:
         self._marks: Dict[Tuple[Key, bool], int] = {}  # the last call marked, per stream
         self._print: Optional[Printer] = None
         self._pids: Set[str] = set()  # every rank's pid this router followed (Ray's reports of their deaths are dropped)
+        self._route_failed = False  # said once
 
     @classmethod
-    def install(cls) -> Optional["OutputRouter"]:
-        """The router, wrapped around this Ray session's printer; None where
-        Ray forwards no worker output here (``log_to_driver=False``, Ray Client)."""
+    def install(cls, cluster: Cluster) -> Optional["OutputRouter"]:
+        """The router, wrapped around the cluster's printer of worker output;
+        None where it forwards none here (Ray: ``log_to_driver=False``, Ray Client)."""
         with cls._instance_lock:
             router = cls._instance or cls()
-            if not wrap_worker_output_printer(router._wrap):
+            if not cluster.forward_output(router._wrap, router._drops):
                 return None
             cls._instance = router
-            drop_raylet_messages(router._drops)
             return router
 
     def _drops(self, lines: List[str]) -> bool:
@@ -94,7 +93,9 @@ class OutputRouter:
         try:
             routed = self._route(data)
         except Exception as error:  # noqa: BLE001 - Ray's log thread must live on
-            warn_once("route", f"cannot route worker output ({type(error).__name__}: {error}); Ray prints it")
+            if not self._route_failed:
+                self._route_failed = True
+                logger.warning("raydist: cannot route worker output (%s: %s); Ray prints it", type(error).__name__, error)
             routed = False
         if not routed and self._print is not None:
             # A rank detached before its last marker came through: drop the marker, keep the text.
@@ -177,9 +178,9 @@ class GroupOutput:
             log.close()
 
 
-def router_for(config: RunConfig) -> Optional[OutputRouter]:
+def router_for(config: RunConfig, cluster: Cluster) -> Optional[OutputRouter]:
     """The driver's output router; a clear error where the run's options need one and Ray forwards no output."""
-    router = OutputRouter.install()
+    router = OutputRouter.install(cluster)
     if router is None and (wants_files(config) or config.local_ranks_filter is not None):
         raise ValueError(
             "log_dir, redirects, tee and local_ranks_filter need Ray to forward worker output "

@@ -16,7 +16,6 @@ TORCHELASTIC_RESTART_COUNT, and a new process group.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, List, Sequence, Set, Tuple
 
@@ -62,7 +61,7 @@ def restart_in_place(
     says what was done. ``live`` raises ``RestartAborted`` once the group is
     being shut down; it is asked between the slow steps, which hold no lock."""
     cluster = holdings.cluster
-    failed_at = min([f.timestamp for f in waited.failures] + [time.time()])
+    failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
     old = list(world.workers)
     lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
     leaving = lost | set(world.drained)
@@ -85,7 +84,7 @@ def restart_in_place(
         new.end()  # (its actors are held: the teardown after the abort kills them)
         raise RestartAborted("the group was shut down during its warm restart")
     holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
-    seconds = time.time() - failed_at
+    seconds = cluster.time() - failed_at
     taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
     holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
     return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
@@ -110,13 +109,13 @@ def settle_survivors(
     live: Callable[[], None] = lambda: None,
 ) -> Settled:
     """Make every live rank leave its process group: at once where its call is
-    back, else when it comes back, until ``deadline`` (``time.time()``)."""
+    back, else when it comes back, until ``deadline`` (``cluster.time()``)."""
     dead = {f.rank for f in waited.failures if f.crashed} | {w.rank for w in workers if w.node_id in lost}
     pending = {refs[rank]: rank for rank in waited.pending if rank not in dead}
     resets = {cluster.call(actors[r], "teardown"): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
     while pending or resets:
         live()
-        remaining = deadline - time.time()
+        remaining = deadline - cluster.time()
         if remaining <= 0:
             break
         ready, _ = cluster.wait([*pending, *resets], num_returns=1, timeout=min(remaining, SEAT_POLL_S))
@@ -154,7 +153,8 @@ def _plan(
     sizes = config.worker_range or (size, size)
     sizes = (sizes[0], min(sizes[1], size))  # growing is restart_to_grow's job
     gone = settled.dead | set(settled.stuck)
-    deadline = time.monotonic() + config.startup_timeout
+    cluster = holdings.cluster
+    deadline = cluster.monotonic() + config.startup_timeout
     while True:
         live()
         taken = {w.actor_index for w in world.workers if w.rank not in gone and w.node_id not in leaving}
@@ -170,12 +170,12 @@ def _plan(
         )
         if not plan.missing:
             return plan
-        if time.monotonic() >= deadline:
+        if cluster.monotonic() >= deadline:
             raise InfeasibleResourcesError(
                 f"warm restart: {plan.missing} more worker(s) needed for a world of at least {sizes[0]}, and "
                 f"no bundle of the group's placement group was free on a node that stays within {config.startup_timeout:g} s"
             )
-        time.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
+        cluster.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
 
 
 def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: RestartPlan) -> World:

@@ -13,7 +13,6 @@ logs why, and what it did.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -21,8 +20,9 @@ from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.datasets import CallData
-from raydist.pool.driver.group import RunAttempt, WorkerGroup, start_group
+from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.driver.log_files import RunLogs
+from raydist.pool.driver.startup import RunAttempt
 from raydist.pool.driver.state import new_state_name, release_state
 from raydist.pool.rules.policy import Decision, decide_restart, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
@@ -41,7 +41,7 @@ class Attempts:
     state_name: str = field(default_factory=new_state_name)  # save_state's copies outlive every attempt's group
     node_order: List[str] = field(default_factory=list)  # the last attempt's nodes, in node-rank order
     held: Dict[str, Dict[str, float]] = field(default_factory=dict)  # what its workers held, per node
-    failed_at: Optional[float] = None  # when the last attempt failed (time.time())
+    failed_at: Optional[float] = None  # when the last attempt failed (the cluster's time())
 
 
 def run_with_restarts(cluster: Cluster, config: RunConfig, call: bytes, data: Optional[CallData] = None) -> List[Any]:
@@ -68,7 +68,7 @@ def run_with_restarts(cluster: Cluster, config: RunConfig, call: bytes, data: Op
     finally:
         if group is not None:
             group.shutdown()
-        release_state(attempts.state_name)
+        release_state(cluster, attempts.state_name)
 
 
 def _start(cluster: Cluster, config: RunConfig, logs: RunLogs, attempts: Attempts) -> WorkerGroup:
@@ -76,10 +76,12 @@ def _start(cluster: Cluster, config: RunConfig, logs: RunLogs, attempts: Attempt
     if attempts.held:
         cluster.wait_released(attempts.held)  # so that the new size (or placement) counts them
     number = len(attempts.errors)
-    group = start_group(cluster, config, RunAttempt(number, logs, attempts.node_order, attempts.counted, attempts.state_name))
+    group = WorkerGroup(
+        config=config, cluster=cluster, attempt=RunAttempt(number, logs, attempts.node_order, attempts.counted, attempts.state_name)
+    )
     if number:
         logger.warning("raydist: attempt %d started with world size %d (was %d)", number, group.num_workers, attempts.size)
-        seconds = time.time() - (attempts.failed_at or time.time())
+        seconds = cluster.time() - (attempts.failed_at or cluster.time())
         logger.warning(restart_summary(None, [], attempts.size, group.num_workers, seconds, config.survivor_timeout))
     attempts.node_order, attempts.size, attempts.held = group.node_order, group.num_workers, group.held_resources
     return group
@@ -107,6 +109,6 @@ def _fresh_restart_or_raise(cluster: Cluster, config: RunConfig, error: RaydistE
     attempts.counted += decision.restart.counted
     attempts.errors.append(error)
     failures = error.failures if isinstance(error, WorkerGroupError) else []
-    attempts.failed_at = min([f.timestamp for f in failures] + [time.time()])
+    attempts.failed_at = min([f.timestamp for f in failures] + [cluster.time()])
     old_size = attempts.size if attempts.started else 0
     logger.warning(restart_line(decision.restart, old_size, len(attempts.errors), config.max_restarts, attempts.counted))

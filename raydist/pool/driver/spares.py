@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Collection, List, Optional, Sequence, Set
 
 from raydist.core.accelerators import Accelerator
-from raydist.pool.cluster.seam import Cluster, Reservation, Worker
+from raydist.pool.cluster.seam import Cluster, Reservation, Timer, Worker
 from raydist.pool.records import Placement
 from raydist.pool.rules.layout import standby_env
 from raydist.pool.rules.restart_plan import Seat
@@ -62,7 +63,8 @@ class SparePool:
         self._lock = threading.Lock()
         self._ready: List[Spare] = []
         self._starting: dict = {}  # bundle -> actor (None: reserved, waiting REFILL_DELAY_S)
-        self._closed = threading.Event()  # set by close(): wakes a refill waiting out its delay
+        self._closed = threading.Event()  # set by close()
+        self._timers: List[Timer] = []  # refills waiting out their delay (cancelled by close())
 
     def adopt(self, spares: Sequence[Spare], workers: Sequence[Placement]) -> None:
         """Spares started with the group: pin their devices now (not waited for)."""
@@ -106,10 +108,12 @@ class SparePool:
             chosen = list(seats)[: max(0, missing)]
             self._starting.update((seat.bundle, None) for seat in chosen)  # reserved meanwhile
         for seat in chosen:
-            threading.Thread(target=self._start_one, args=(seat, workers), name="raydist-spare", daemon=True).start()
+            timer = self._cluster.after(REFILL_DELAY_S, partial(self._start_one, seat, workers), "raydist-spare")
+            with self._lock:
+                self._timers.append(timer)
 
     def _start_one(self, seat: Seat, workers: Callable[[], List[Placement]]) -> None:
-        if self._closed.wait(REFILL_DELAY_S):
+        if self._closed.is_set():
             return  # closed meanwhile: nothing was started
         cluster = self._cluster
         actor = cluster.start_worker(self._pg, seat.bundle, self._bundle, self._accelerator.ray_resource)
@@ -140,5 +144,8 @@ class SparePool:
         with self._lock:
             self._closed.set()
             actors = [s.actor for s in self._ready] + [a for a in self._starting.values() if a is not None]
-            self._ready, self._starting = [], {}
+            self._ready, self._starting, timers = [], {}, self._timers
+            self._timers = []
+        for timer in timers:
+            timer.cancel()
         return actors

@@ -111,6 +111,19 @@ def _wait_dead(cluster: Cluster, actors: List[Worker]) -> None:
         cluster.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
 
 
+@dataclass(frozen=True)
+class RunAttempt:
+    """Where one attempt of a run starts: its number, the run's logs, the node
+    order to keep, the restarts already counted and the run's training-state
+    name (the run releases that state, not the group)."""
+
+    number: int = 0
+    logs: Optional[RunLogs] = None
+    node_order: Sequence[str] = ()
+    restarts_used: int = 0
+    state_name: Optional[str] = None
+
+
 class GroupBuilder:
     """Builds one group's holdings, then each attempt's ``World``; see the module docstring."""
 
@@ -324,10 +337,8 @@ def watchers(config: RunConfig, holdings: Holdings, world: World, stop_group: Ca
         return min(sizes[1] - len(workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
-    drains = GroupWatcher(
-        workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster.draining_nodes
-    ).start()
-    watch = StragglerWatch(workers, world.agents).start() if config.flight_recorder else None
+    drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster).start()
+    watch = StragglerWatch(workers, world.agents, holdings.cluster).start() if config.flight_recorder else None
     return {"drains": drains, "watch": watch}
 
 

@@ -15,13 +15,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import ray
-
 from raydist.config import RunConfig
-from raydist.pool.worker.state_client import NAMESPACE, SETTINGS_VAR
+from raydist.pool.cluster.seam import Cluster
+from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 
 RELEASE_TIMEOUT = 300.0  # seconds to finish writing the last step to state_dir
-DEATH_TIMEOUT = 30.0  # seconds for Ray to report the killed keeper and holders dead
+DEATH_TIMEOUT = 30.0  # seconds for the cluster to report the killed keeper and holders dead
 
 
 def new_state_name() -> str:
@@ -41,57 +40,39 @@ class RunState:
         """A group's state: the run's ``name`` (released by the run), or its own."""
         return RunState() if name is None else RunState(name, owned=False)
 
-    def env(self, config: RunConfig) -> Dict[str, str]:
-        return state_env(config, self.name)
+    def env(self, config: RunConfig, cluster: Cluster) -> Dict[str, str]:
+        """The variable that tells every rank where the run's state lives."""
+        settings = {"name": self.name, "driver_node": cluster.driver_node(), "state_dir": config.state_dir, "keep": config.state_keep}
+        return {STATE_SETTINGS_VAR: json.dumps(settings)}
 
-    def abort(self, attempt: int) -> None:
-        abort_state(self.name, attempt)
+    def abort(self, cluster: Cluster, attempt: int) -> None:
+        """Attempt ``attempt`` failed: ranks waiting on one of its steps to commit go on
+        (into the collective that fails them) instead of waiting for a dead rank."""
+        keeper = cluster.find(self.name, STATE_NAMESPACE) if cluster.session() is not None else None
+        if keeper is not None:  # (none: no rank saved)
+            cluster.call(keeper, "abort", attempt)
 
-    def release(self) -> None:
-        release_state(self.name, self.owned)
-
-
-def state_env(config: RunConfig, name: str) -> Dict[str, str]:
-    """The variable that tells every rank where the run's state lives."""
-    settings = {
-        "name": name,
-        "driver_node": ray.get_runtime_context().get_node_id(),
-        "state_dir": config.state_dir,
-        "keep": config.state_keep,
-    }
-    return {SETTINGS_VAR: json.dumps(settings)}
+    def release(self, cluster: Cluster) -> None:
+        if self.owned:
+            release_state(cluster, self.name)
 
 
-def abort_state(name: str, world: int) -> None:
-    """Attempt ``world`` failed: ranks waiting on one of its steps to commit go on
-    (into the collective that fails them) instead of waiting for a dead rank."""
-    if not ray.is_initialized():
-        return
-    try:
-        ray.get_actor(name, namespace=NAMESPACE).abort.remote(world)
-    except Exception:  # noqa: BLE001 - no rank saved (ValueError), or Ray is going: the failure is what matters
-        pass
-
-
-def release_state(name: str, owned: bool = True) -> None:
+def release_state(cluster: Cluster, name: str) -> None:
     """Write the last committed step out, then kill the keeper and its holders and
-    return once Ray reports them dead (as a group's workers are), so nothing of the
-    run's state outlives it; nothing when the caller does not own the state (a
-    group of a run)."""
-    if not owned or not ray.is_initialized():
-        return
-    try:
-        keeper = ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
+    return once the cluster reports them dead (as a group's workers are), so
+    nothing of the run's state outlives it."""
+    keeper = cluster.find(name, STATE_NAMESPACE) if cluster.session() is not None else None
+    if keeper is None:
         return  # no rank saved: nothing was made
     holders: List[Any] = []
     try:
-        ray.get(keeper.close.remote(), timeout=RELEASE_TIMEOUT)
-        holders = [holder for _, holder in ray.get(keeper.holders.remote(), timeout=DEATH_TIMEOUT)]
+        cluster.get([cluster.call(keeper, "close")], timeout=RELEASE_TIMEOUT)
+        holders = [holder for _, holder in cluster.get([cluster.call(keeper, "holders")], timeout=DEATH_TIMEOUT)[0]]
     except Exception:  # noqa: BLE001 - killed below regardless
         pass
     actors = [keeper, *holders]
     for actor in actors:
-        ray.kill(actor, no_restart=True)
-    # A call on a killed actor fails once Ray knows it is dead.
-    ray.wait([actor.held_bytes.remote() for actor in actors], num_returns=len(actors), timeout=DEATH_TIMEOUT)
+        cluster.kill(actor)
+    # A call on a killed actor fails once the cluster knows it is dead.
+    calls = [cluster.call(actor, "held_bytes") for actor in actors]
+    cluster.wait(calls, num_returns=len(calls), timeout=DEATH_TIMEOUT)

@@ -1,4 +1,4 @@
-"""``StragglerWatch``: the thread that reads the ranks' flight recorders while
+"""``StragglerWatch``: the poll (on the cluster's timer) that reads the ranks' flight recorders while
 a group lives and names a rank that reaches collectives consistently late
 (the rule is ``raydist.pool.rules.stragglers``).
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from raydist.pool.cluster.seam import Cluster, Timer
 from raydist.pool.records import CollectiveEntry, WorkerInfo
 from raydist.pool.rules.stragglers import Straggler, find_stragglers
 
@@ -31,39 +32,51 @@ CLOCK_SAMPLES = 3
 class StragglerWatch:
     """Polls the ranks' recorders; ``stragglers`` is the latest verdict."""
 
-    def __init__(self, workers: Sequence[WorkerInfo], agents: "NodeAgents", interval: float = POLL_INTERVAL_S):
+    def __init__(self, workers: Sequence[WorkerInfo], agents: "NodeAgents", cluster: Cluster, interval: float = POLL_INTERVAL_S):
         self._workers = list(workers)
         self._agents = agents
+        self._cluster = cluster
         self._interval = interval
         self._history: Dict[int, Dict[Tuple[str, int], CollectiveEntry]] = {w.rank: {} for w in self._workers}
-        self._offsets: Dict[int, int] = {}
+        self._offsets: Optional[Dict[int, int]] = None  # read at the first poll
         self._named_at: Dict[int, float] = {}
         self.stragglers: List[Straggler] = []
         self.first_named: Dict[int, Straggler] = {}  # each rank's verdict when it was first named
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raydist-straggler-watch", daemon=True)
+        self._lock = threading.Lock()  # the next poll is scheduled, or cancelled, once
+        self._next: Optional[Timer] = None
 
     def start(self) -> "StragglerWatch":
-        self._thread.start()
+        self._schedule()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            if self._next is not None:
+                self._next.cancel()
 
-    def _run(self) -> None:
-        try:
-            self._offsets = self._clock_offsets()
-        except Exception as error:  # noqa: BLE001 - without offsets, one node's clock is assumed
-            logger.debug("raydist: straggler watch could not read the nodes' clocks: %s", error)
-        while not self._stop.wait(self._interval):
-            if not self._agents.connected:
-                return
+    def _schedule(self) -> None:
+        with self._lock:
+            if not self._stop.is_set():
+                self._next = self._cluster.after(self._interval, self._poll_now, "raydist-straggler-watch")
+
+    def _poll_now(self) -> None:
+        if not self._agents.connected:
+            return
+        if self._offsets is None:
             try:
-                self.poll()
-            except Exception as error:  # noqa: BLE001 - a watch must not die of one bad poll
-                if self._stop.is_set():
-                    return
-                logger.debug("raydist: straggler poll failed: %s", error)
+                self._offsets = self._clock_offsets()
+            except Exception as error:  # noqa: BLE001 - without offsets, one node's clock is assumed
+                logger.debug("raydist: straggler watch could not read the nodes' clocks: %s", error)
+                self._offsets = {}
+        try:
+            self.poll()
+        except Exception as error:  # noqa: BLE001 - a watch must not die of one bad poll
+            if self._stop.is_set():
+                return
+            logger.debug("raydist: straggler poll failed: %s", error)
+        self._schedule()
 
     def poll(self) -> List[Straggler]:
         """Read every rank's recorder once, update the verdict, name new stragglers."""
@@ -75,14 +88,14 @@ class StragglerWatch:
                 kept[(entry.group, entry.seq)] = entry
             for key in sorted(kept, key=lambda k: kept[k].created_ns)[:-KEPT_ENTRIES]:
                 del kept[key]
-        verdict = find_stragglers({r: list(h.values()) for r, h in self._history.items()}, self._offsets)
+        verdict = find_stragglers({r: list(h.values()) for r, h in self._history.items()}, self._offsets or {})
         self.stragglers = verdict
         for straggler in verdict:
             self._name(straggler)
         return verdict
 
     def _name(self, straggler: Straggler) -> None:
-        now = time.monotonic()
+        now = self._cluster.monotonic()
         last = self._named_at.get(straggler.rank)
         self.first_named.setdefault(straggler.rank, straggler)
         if last is not None and now - last < REPORT_EVERY_S:

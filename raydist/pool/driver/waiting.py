@@ -7,7 +7,6 @@ waits, spots the first failure early, and turns each failed rank into a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -52,7 +51,7 @@ def wait_for_ranks(
 
     ``actors`` (by rank) marks ``refs`` as user calls: an error that is not a
     death is then a return value that could not be sent back."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else cluster.monotonic() + timeout
     pending: Dict[Pending, int] = {ref: rank for rank, ref in enumerate(refs)}
     waited = Waited(results=[None] * len(refs))
     # Fast path: a short call is usually back on every rank within
@@ -68,7 +67,7 @@ def wait_for_ranks(
             return waited
         waited.results = [None] * len(refs)
     while pending and not waited.failures:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        remaining = None if deadline is None else max(0.0, deadline - cluster.monotonic())
         if not cluster.wait(list(pending), num_returns=1, timeout=remaining)[0]:
             break  # timed out
         # Take everything already finished in one go (cheap for warm calls).
@@ -101,17 +100,17 @@ def _take(
         try:
             value = cluster.get([ref])[0] if value is _FETCH_ONE else value
         except WorkerDied as error:
-            waited.failures.append(rank_failure(rank, worker, died=death_line(str(error))))
+            waited.failures.append(rank_failure(rank, worker, died=death_line(str(error)), now=cluster.time()))
             continue
         except CallFailed as error:  # a start-up step raised, or a result could not travel
             text = _unsendable_result(cluster, rank, error, actors[rank]) if actors is not None else step_error_text(str(error))
-            waited.failures.append(rank_failure(rank, worker, traceback=text))
+            waited.failures.append(rank_failure(rank, worker, traceback=text, now=cluster.time()))
             if actors is not None:
                 waited.unsent.append(rank)
             continue
         if isinstance(value, Outcome):
             if not value.ok:
-                waited.failures.append(rank_failure(rank, worker, outcome=value))
+                waited.failures.append(rank_failure(rank, worker, outcome=value, now=cluster.time()))
                 continue
             value = value.value
         waited.results[rank] = value

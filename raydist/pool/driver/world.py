@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Protocol, Sequence, Tuple
 
+from raydist.errors import COLLECTIVES_HEADER
 from raydist.pool.driver.agents import NodeAgents
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput
@@ -87,6 +88,12 @@ class World:
         others = [rank for rank in range(self.size) if rank not in known]
         found = self.agents.ask(self.workers, others, "collectives") if others else {}
         return where_collectives_are({rank: known.get(rank, found.get(rank)) for rank in range(self.size)})
+
+    def where_ranks_are(self) -> str:
+        """Every rank's stack, then where each is in its collectives (``WorkerGroup.stacks``)."""
+        stacks = self.stacks(range(self.size))
+        collectives = self.collectives({})
+        return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
 
     def stragglers(self, refresh: bool) -> List[Straggler]:
         if self.watch is None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Optional
 
 from raydist.errors import WorkerFailure
@@ -18,16 +17,18 @@ def rank_failure(
     died: Optional[str] = None,
     traceback: Optional[str] = None,
     outcome: Optional[Outcome] = None,
+    now: float,
 ) -> WorkerFailure:
     """One failed rank: its place (``?`` before ranks are known), and the
     outcome its code reported, or the text of how it died or why its value
-    could not come back."""
+    could not come back; ``now``: when it was seen (the cluster's time), for
+    a failure its rank did not stamp."""
     return WorkerFailure(
         rank=rank,
         node_id=worker.node_id if worker else "?",
         node_ip=worker.node_ip if worker else "?",
         pid=worker.pid if worker else -1,
-        timestamp=outcome.timestamp if outcome and outcome.timestamp else time.time(),
+        timestamp=outcome.timestamp if outcome and outcome.timestamp else now,
         traceback=outcome.traceback if outcome else traceback,
         exit_code=outcome.exit_code if outcome else None,
         died=died,

@@ -4,7 +4,6 @@ way each, so every message reads alike)."""
 from __future__ import annotations
 
 import math
-import time
 from typing import Mapping, Sequence
 
 from raydist.errors import ranks_text  # noqa: F401 - re-exported: the rules name it from here
@@ -19,5 +18,6 @@ def per_node_text(per_node: Sequence[Mapping[str, float]]) -> str:
     return "[" + ", ".join(fmt_resources(r) for r in per_node) + "]"
 
 
-def deadline_text(deadline: float) -> str:
-    return "no deadline" if math.isinf(deadline) else f"deadline in {max(0.0, deadline - time.time()):.0f} s"
+def deadline_text(deadline: float, now: float) -> str:
+    """A drain's deadline (seconds since the epoch) as seen at ``now``."""
+    return "no deadline" if math.isinf(deadline) else f"deadline in {max(0.0, deadline - now):.0f} s"

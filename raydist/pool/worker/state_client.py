@@ -40,12 +40,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydist.core import state
 from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
+from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
 from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, unpack
 
-SETTINGS_VAR = "RAYDIST_STATE"
-NAMESPACE = "raydist-state"
 FLUSH_TIMEOUT = 120.0  # seconds a finished call waits for its last step to reach the holders
 
 _stores: Dict[str, "RayStateStore"] = {}
@@ -54,7 +53,7 @@ Found = Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]
 
 def install(env: Mapping[str, str]) -> None:
     """Make the run's store this process's (the same one across attempts: it keeps the own copies)."""
-    text = env.get(SETTINGS_VAR)
+    text = env.get(STATE_SETTINGS_VAR)
     if not text:
         return
     settings = json.loads(text)
@@ -262,14 +261,15 @@ class RayStateStore(StateStore):
         if self._keeper is None:
             name = self._settings["name"]
             try:
-                self._keeper = ray.get_actor(name, namespace=NAMESPACE)
+                self._keeper = ray.get_actor(name, namespace=STATE_NAMESPACE)
             except ValueError:
                 if not create:
                     return None
-                placement = NodeAffinitySchedulingStrategy(self._settings["driver_node"], soft=False)
+                node = self._settings["driver_node"]  # none through Ray Client: the keeper goes where Ray puts it
+                placement = NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT"
                 self._keeper = (
                     keeper_actor()
-                    .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement)
+                    .options(name=name, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement)
                     .remote(True, self._settings.get("state_dir"), int(self._settings.get("keep", 2)))
                 )
         return self._keeper

@@ -286,10 +286,10 @@ def test_the_report_groups_identical_failures_and_marks_the_root_cause() -> None
 
 def test_a_failure_record_from_an_outcome_or_a_death() -> None:
     outcome = Outcome(traceback="tb", exception_type="ValueError", timestamp=7.0)
-    made = rank_failure(1, worker(1), outcome=outcome)
+    made = rank_failure(1, worker(1), outcome=outcome, now=9.0)
     assert (made.rank, made.pid, made.traceback, made.timestamp, made.crashed) == (1, 101, "tb", 7.0, False)
-    dead = rank_failure(0, None, died="exited")
-    assert dead.crashed and dead.node_id == "?"
+    dead = rank_failure(0, None, died="exited", now=9.0)
+    assert dead.crashed and dead.node_id == "?" and dead.timestamp == 9.0  # a death is stamped when it was seen
     text = "The actor died unexpectedly.\nWorker exit type: SYSTEM_ERROR Worker exit detail: killed by signal 9\n"
     assert death_line(text).startswith("Worker exit type")
     assert death_line("") == "the worker process died"

@@ -1,0 +1,270 @@
+"""``FakeCluster``: the cluster seam in memory, deterministic, for the engine's own tests.
+
+Everything the engine asks of a cluster (``raydist.pool.cluster.seam``)
+happens here without a process: workers are ``FakeWorker`` objects whose
+calls queue in the order sent and run, in that order, when the engine waits
+for one (``wait``, ``get``, ``sleep``); the clock is virtual and moves only
+when the engine waits with a timeout and nothing it waits for can end; the
+engine's timers (polls, spare refills) run at their virtual moment. So the
+same test, with the same ``Fault`` list, takes the same path every time.
+
+``Fault`` makes something go wrong at a chosen moment: the ``nth`` call of a
+method on a chosen worker raises, kills its process, never returns, takes
+its node down or starts draining it, or runs an action (``shutdown()`` from
+another thread). The ``Ledger`` lists what is still alive or held, so that
+"nothing is left" after a shutdown is one assertion. A wait that could never
+end raises ``EngineStuck``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from raydist.errors import InfeasibleResourcesError
+from raydist.pool.cluster.clock import EPOCH, VirtualClock, VirtualTimer
+from raydist.pool.cluster.fake_nodes import DRIVER_NODE, FakeNodes, FakeReservation
+from raydist.pool.cluster.fake_processes import FakeCall, FakeProcesses
+from raydist.pool.cluster.fake_worker import FakeAgent, FakeProcess, FakeWorker
+from raydist.pool.cluster.seam import Printer
+from raydist.pool.records import ClusterNode
+from raydist.pool.rules.sizing import Request
+
+KINDS = ("raise", "die", "hang", "lose-node", "drain-node", "act", "interrupt")
+
+
+@dataclass(eq=False)
+class Fault:
+    """On the ``nth`` (0: first) call of ``method`` on the worker ``who`` names,
+    ``kind`` happens: ``raise`` (the call raises: the user's code, or raydist's
+    own step), ``die`` (its process is killed: ``exit_code``), ``hang`` (the
+    call never returns), ``lose-node`` / ``drain-node`` (its node), ``act``
+    (``action`` runs, as another thread would, before the call), ``interrupt``
+    (Ctrl-C: the engine's wait raises KeyboardInterrupt). ``who``: the
+    worker's rank once it has one, its slot before; None: any worker."""
+
+    method: str
+    kind: str
+    who: Optional[int] = None
+    nth: int = 0
+    action: Optional[Callable[[], None]] = None
+    exit_code: int = -9
+    seen: int = field(default=0, compare=False)
+    fired: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Fault kind must be one of {KINDS}, got {self.kind!r}")
+
+    def strikes(self, worker: FakeWorker, method: str) -> bool:
+        """Whether this call is the one (counting every matching call once)."""
+        if self.fired or method != self.method:
+            return False
+        who = worker.rank if worker.rank is not None else worker.slot
+        if self.who is not None and who != self.who:
+            return False
+        self.seen += 1
+        if self.seen - 1 != self.nth:
+            return False
+        self.fired = True
+        return True
+
+
+class FakeCluster:
+    """An in-memory cluster of ``nodes`` (name -> resources), plus the driver's node."""
+
+    def __init__(self, nodes: Mapping[str, Mapping[str, float]], faults: Sequence[Fault] = ()):
+        self.nodes = FakeNodes(nodes)
+        self.faults = list(faults)
+        self.fired: List[Fault] = []  # the faults that struck, in the order they did
+        self.clock = VirtualClock()
+        self.connected = True
+        self._table: Dict[bytes, Any] = {}  # what pickle() stood for
+        self.processes = FakeProcesses(self._table.__getitem__)
+        self._lock = threading.RLock()
+        self._interrupted = False  # an "interrupt" fault: the next wait raises KeyboardInterrupt
+
+    # -- who is there ---------------------------------------------------------
+    def connect(self, address: Optional[str], startup_timeout: float) -> None:
+        if not self.connected:
+            raise ConnectionError("the fake cluster was shut down")
+
+    def session(self) -> Optional[str]:
+        return "fake-session" if self.connected else None
+
+    def driver_node(self) -> Optional[str]:
+        return DRIVER_NODE
+
+    def driver_ip(self) -> str:
+        return "127.0.0.1"  # the pdb relay really listens on it
+
+    def alive_nodes(self) -> List[ClusterNode]:
+        return self.nodes.alive()
+
+    def draining_nodes(self) -> Dict[str, float]:
+        return self.nodes.draining()
+
+    def free_resources(self) -> Dict[str, Dict[str, float]]:
+        return self.nodes.free()
+
+    def forward_output(self, wrap: Callable[[Printer], Printer], drop: Callable[[List[str]], bool]) -> bool:
+        return False  # fake workers print nothing of their own
+
+    # -- the clock ------------------------------------------------------------
+    def monotonic(self) -> float:
+        return self.clock.now
+
+    def time(self) -> float:
+        return EPOCH + self.clock.now
+
+    def sleep(self, seconds: float) -> None:
+        self._until([], 0, self.clock.now + seconds)
+
+    def after(self, delay: float, fn: Callable[[], None], name: str) -> VirtualTimer:
+        return self.clock.after(delay, fn, name)
+
+    # -- placement ------------------------------------------------------------
+    def reserve(self, request: Request, timeout: float) -> Tuple[FakeReservation, int]:
+        reason = request.infeasibility(self.nodes.usable())
+        if reason is not None:
+            raise InfeasibleResourcesError(reason)
+        deadline = self.clock.now + timeout
+        while (reservation := self.nodes.reserve_now(request)) is None:
+            if self.clock.now >= deadline:
+                raise InfeasibleResourcesError(f"gave up after {timeout:g} s waiting for room (fake cluster)")
+            self.sleep(min(1.0, deadline - self.clock.now))
+        return reservation, len(reservation.nodes)
+
+    def bundle_nodes(self, reservation: Optional[FakeReservation]) -> Dict[int, str]:
+        if reservation is None:
+            return {}
+        return {bundle: node for bundle, node in reservation.nodes.items() if node is not None}
+
+    def free(self, reservation: FakeReservation) -> None:
+        with self._lock:
+            reservation.freed = True
+            self.processes.end_all("the placement group was removed", lambda p: getattr(p, "reservation", None) == reservation.number, -9)
+
+    def wait_released(self, held: Mapping[str, Mapping[str, float]]) -> None:
+        pass  # freed at once here
+
+    def room_for(self, request: Request, taken: Sequence[str] = ()) -> int:
+        return self.nodes.room_for(request, taken)
+
+    # -- workers --------------------------------------------------------------
+    def start_worker(
+        self, reservation: FakeReservation, slot: int, bundle: Mapping[str, float], accelerator_resource: Optional[str], per_bundle: int = 1
+    ) -> FakeWorker:
+        with self._lock:
+            node = None if reservation.freed else reservation.nodes.get(slot // per_bundle)
+            return self.processes.start_worker(node, reservation.number, slot)
+
+    def start_agent(self, node_id: str) -> FakeAgent:
+        with self._lock:
+            return self.processes.start_agent(node_id, self.nodes.nodes[node_id].alive)
+
+    def find(self, name: str, namespace: str) -> None:  # the fake's ranks save no training state
+        return None
+
+    def call(self, worker: FakeProcess, method: str, *args: Any) -> FakeCall:
+        with self._lock:
+            return self.processes.call(worker, method, args)
+
+    def pickle(self, value: Any) -> bytes:
+        key = b"fake-call-%d" % len(self._table)
+        self._table[key] = value
+        return key
+
+    def share(self, data: bytes) -> bytes:
+        return data
+
+    def kill(self, worker: FakeProcess) -> None:
+        with self._lock:
+            if worker.alive:
+                self.processes.end(worker, "killed by raydist", -9)
+
+    # -- waiting --------------------------------------------------------------
+    def wait(self, pending: Sequence[FakeCall], num_returns: int, timeout: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:
+        if not pending:
+            return [], []
+        return self._until(pending, min(num_returns, len(pending)), None if timeout is None else self.clock.now + timeout)
+
+    def _until(self, pending: Sequence[FakeCall], count: int, deadline: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:
+        """Run what can run and move the clock until ``count`` of ``pending`` ended or ``deadline`` came."""
+        settled = lambda: bool(pending) and sum(call.ended for call in pending) >= count  # noqa: E731
+        self.clock.run_until(settled, deadline, self._step, str([c for c in pending if not c.ended]))
+        return [call for call in pending if call.ended], [call for call in pending if not call.ended]
+
+    def _step(self) -> None:
+        with self._lock:
+            self._run_queued()
+            if self._interrupted:
+                self._interrupted = False
+                raise KeyboardInterrupt  # Ctrl-C reaches the driver where it blocks
+
+    def get(self, pending: Sequence[FakeCall], timeout: Optional[float] = None) -> List[Any]:
+        _, not_ended = self.wait(pending, len(pending), timeout)
+        if not_ended:
+            raise TimeoutError(f"{len(not_ended)} call(s) had not ended within {timeout} s")
+        for call in pending:
+            if call.error is not None:
+                raise call.error
+        return [call.value for call in pending]
+
+    def _run_queued(self) -> None:
+        """Run every call that can run, oldest first, each process's in order."""
+        while not self.clock.busy and (runnable := self.processes.runnable()):
+            for call in runnable:
+                if call.state == "queued":  # (else its process died with an earlier call of this round: a lost node)
+                    self._run(call)
+                if self.clock.busy:
+                    return  # an action runs before the next call
+
+    def _run(self, call: FakeCall) -> None:
+        """Run ``call``, or do what the fault that strikes it says instead."""
+        process = call.process
+        fault = next((f for f in self.faults if isinstance(process, FakeWorker) and f.strikes(process, call.method)), None)
+        kind = fault.kind if fault is not None else None
+        if fault is not None:
+            self.fired.append(fault)
+        if fault is not None and fault.action is not None:
+            self.clock.soon(fault.action)  # "act": as another thread, before the call runs
+        self._interrupted |= kind == "interrupt"
+        if kind == "drain-node":
+            self.drain_node(process.node_id, self.time() + 30.0)
+        if kind == "die":
+            self.processes.end(process, f"the worker died unexpectedly (exit code {fault.exit_code})", fault.exit_code)  # type: ignore[union-attr]
+        elif kind == "lose-node":
+            self.lose_node(process.node_id)
+        elif kind == "hang":
+            call.state = "hung"
+        else:
+            raising = RuntimeError(f"fault injected into {call.method} (rank/slot {fault.who})") if fault and kind == "raise" else None
+            self.processes.run(call, self.time(), raising)
+
+    # -- what happens to nodes and processes, and what is left ----------------
+    def lose_node(self, node_id: str) -> None:
+        with self._lock:
+            self.nodes.lose(node_id)
+            self.processes.end_all("the actor's node died", lambda p: p.node_id == node_id)
+
+    def drain_node(self, node_id: str, deadline: float) -> None:
+        with self._lock:
+            self.nodes.nodes[node_id].drain_deadline = deadline
+
+    def add_node(self, node_id: str, resources: Mapping[str, float]) -> None:
+        with self._lock:
+            self.nodes.add(node_id, resources)
+
+    def shutdown(self) -> None:
+        """As ``ray.shutdown()``: the session ends, and every process with it."""
+        with self._lock:
+            self.connected = False
+            self.processes.end_all("the cluster was shut down")
+
+    def leftovers(self) -> List[str]:
+        """Everything still alive or held: workers, agents, placements, timers (empty after a clean shutdown)."""
+        alive = self.processes.alive()
+        held = [f"reservation #{r.number}" for r in self.nodes.reservations if not r.freed]
+        return alive + held + [f"timer {name}" for name in self.clock.pending()]

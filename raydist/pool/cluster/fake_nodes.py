@@ -1,0 +1,105 @@
+"""The fake cluster's nodes and placements: what is alive, draining, free,
+and where each reserved bundle sits (``FakeCluster`` asks it; its processes
+live in ``raydist.pool.cluster.fake``). Bundles go first-fit in node order,
+on distinct nodes under the node layout; a lost node's bundles are placed
+again wherever there is room, as Ray re-places them."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from raydist.pool.cluster.fake_worker import node_ip
+from raydist.pool.records import ClusterNode
+from raydist.pool.rules.sizing import Request, elastic_size
+
+DRIVER_NODE = "driver-node"  # where the driver runs: no room for workers
+
+
+@dataclass(eq=False)
+class FakeNode:
+    node_id: str
+    resources: Dict[str, float]
+    alive: bool = True
+    drain_deadline: Optional[float] = None
+
+
+@dataclass(eq=False)
+class FakeReservation:
+    number: int
+    bundle: Dict[str, float]
+    nodes: Dict[int, Optional[str]]  # bundle -> node (None: waiting for room)
+    node_layout: bool = False
+    freed: bool = False
+
+
+class FakeNodes:
+    def __init__(self, nodes: Mapping[str, Mapping[str, float]]):
+        self.nodes = {DRIVER_NODE: FakeNode(DRIVER_NODE, {})} | {n: FakeNode(n, dict(r)) for n, r in nodes.items()}
+        self.reservations: List[FakeReservation] = []
+        self._numbers = itertools.count()
+
+    def alive(self) -> List[ClusterNode]:
+        return [ClusterNode(n.node_id, node_ip(n.node_id), dict(n.resources)) for n in self.nodes.values() if n.alive]
+
+    def draining(self) -> Dict[str, float]:
+        return {n.node_id: n.drain_deadline for n in self.nodes.values() if n.alive and n.drain_deadline is not None}
+
+    def usable(self) -> List[ClusterNode]:
+        """Where new bundles may go: alive, not draining, not the driver's."""
+        draining = self.draining()
+        return [node for node in self.alive() if node.node_id not in draining and node.node_id != DRIVER_NODE]
+
+    def free(self) -> Dict[str, Dict[str, float]]:
+        """Each alive node's resources less the bundles placed on it."""
+        free = {n.node_id: dict(n.resources) for n in self.nodes.values() if n.alive}
+        for reservation in self.reservations:
+            for node in reservation.nodes.values():
+                if not reservation.freed and node in free:
+                    for name, amount in reservation.bundle.items():
+                        free[node][name] = free[node].get(name, 0.0) - amount
+        return free
+
+    def room_for(self, request: Request, taken: Sequence[str] = ()) -> int:
+        return request.room(self.free(), self.usable(), taken)
+
+    def reserve_now(self, request: Request) -> Optional[FakeReservation]:
+        """The request's bundles, placed, if they fit now (an elastic size: as many as fit)."""
+        low, high = request.sizes
+        size = high if low == high else elastic_size(low, high, self.room_for(request))
+        if size is None or self.room_for(request) < size:
+            return None
+        reservation = FakeReservation(next(self._numbers), dict(request.bundle), {b: None for b in range(size)}, request.node_layout)
+        self.reservations.append(reservation)
+        self.place(reservation)
+        return reservation
+
+    def place(self, reservation: FakeReservation) -> None:
+        """Put each unplaced bundle on the first node with room."""
+        for bundle, node in reservation.nodes.items():
+            if node is not None or reservation.freed:
+                continue
+            free, used = self.free(), set(reservation.nodes.values())
+            for candidate in self.usable():
+                if reservation.node_layout and candidate.node_id in used:
+                    continue
+                room = free.get(candidate.node_id, {})
+                if all(room.get(name, 0.0) + 1e-9 >= amount for name, amount in reservation.bundle.items()):
+                    reservation.nodes[bundle] = candidate.node_id
+                    break
+
+    def lose(self, node_id: str) -> None:
+        """The node is gone; its bundles are placed again where there is room."""
+        self.nodes[node_id].alive = False
+        for reservation in self.reservations:
+            lost = [bundle for bundle, node in reservation.nodes.items() if node == node_id]
+            for bundle in lost:
+                reservation.nodes[bundle] = None
+            if lost:
+                self.place(reservation)
+
+    def add(self, node_id: str, resources: Mapping[str, float]) -> None:
+        self.nodes[node_id] = FakeNode(node_id, dict(resources))
+        for reservation in self.reservations:
+            self.place(reservation)

@@ -1,0 +1,113 @@
+"""The fake cluster's processes and their calls: every worker and node agent
+started, each one's calls in the order sent, and how each process ended.
+``FakeCluster`` decides when a call runs and what goes wrong
+(``raydist.pool.cluster.fake``); this module keeps the books."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from raydist.pool.cluster.fake_worker import FIRST_PID, FakeAgent, FakeProcess, FakeWorker, failed_outcome
+from raydist.pool.cluster.seam import CallFailed, WorkerDied
+
+
+@dataclass(eq=False)
+class FakeCall:
+    """One call sent to a fake process: ``queued`` until it runs, ``hung``
+    when it never returns, then ``done`` (``value``) or ``failed`` (``error``)."""
+
+    process: FakeProcess
+    method: str
+    args: Tuple[Any, ...]
+    number: int
+    state: str = "queued"
+    value: Any = None
+    error: Optional[BaseException] = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("done", "failed")
+
+    def finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
+        self.state, self.value, self.error = ("failed" if error is not None else "done"), value, error
+
+
+class FakeProcesses:
+    def __init__(self, load: Callable[[Any], Any]):
+        self.workers: List[FakeWorker] = []
+        self.agents: List[FakeAgent] = []
+        self._load = load  # how a worker reads a call it was sent
+        self._queues: Dict[int, List[FakeCall]] = {}  # process number -> its calls not yet ended, in order
+        self._numbers = itertools.count()
+        self._calls = itertools.count()
+
+    def start_worker(self, node: Optional[str], reservation: int, slot: int) -> FakeWorker:
+        number = next(self._numbers)
+        worker = FakeWorker(number, node or "", FIRST_PID + number, reservation=reservation, slot=slot, load=self._load)
+        self.workers.append(worker)
+        self._queues[number] = []
+        if node is None:
+            self.end(worker, "its bundle is not placed", None)
+        return worker
+
+    def start_agent(self, node_id: str, node_alive: bool) -> FakeAgent:
+        number = next(self._numbers)
+        agent = FakeAgent(number, node_id, FIRST_PID + number, ended=self.ended)
+        self.agents.append(agent)
+        self._queues[number] = []
+        if not node_alive:
+            self.end(agent, "its node is gone", None)
+        return agent
+
+    def call(self, process: FakeProcess, method: str, args: Tuple[Any, ...]) -> FakeCall:
+        call = FakeCall(process, method, args, next(self._calls))
+        if process.alive:
+            self._queues[process.number].append(call)
+        else:
+            call.finish(error=WorkerDied(process.how_it_ended))
+        return call
+
+    def runnable(self) -> List[FakeCall]:
+        """Each process's next call that can run (none behind a hung one), oldest first."""
+        heads = [queue[0] for queue in self._queues.values() if queue and queue[0].state == "queued"]
+        return sorted(heads, key=lambda call: call.number)
+
+    def done(self, call: FakeCall) -> None:
+        """``call`` ended (it left its process's queue)."""
+        self._queues[call.process.number].remove(call)
+
+    def end(self, process: FakeProcess, how: str, exit_code: Optional[int]) -> None:
+        """The process is gone: its calls not yet ended fail, and so will any sent later."""
+        process.alive, process.how_it_ended, process.exit_code = False, how, exit_code
+        for call in self._queues.get(process.number, []):
+            call.finish(error=WorkerDied(how))
+        self._queues[process.number] = []
+
+    def end_all(self, how: str, which: Callable[[FakeProcess], bool] = lambda process: True, exit_code: Optional[int] = None) -> None:
+        """Every process still alive (``which`` of them) is gone."""
+        for process in [*self.workers, *self.agents]:
+            if process.alive and which(process):
+                self.end(process, how, exit_code)
+
+    def run(self, call: FakeCall, now: float, raising: Optional[Exception] = None) -> None:
+        """``call`` on its process, now (``raising``: it raises that instead)."""
+        try:
+            if raising is not None:
+                raise raising
+            call.finish(getattr(call.process, call.method)(*call.args))
+        except Exception as error:  # noqa: BLE001 - a raydist method that raised on the worker
+            if call.method == "execute":  # the user's code reports its errors in an Outcome, as RayWorker does
+                call.finish(failed_outcome(error, now))
+            else:
+                call.finish(error=CallFailed(f"{type(error).__name__}: {error}", error))
+        self.done(call)
+
+    def ended(self, pid: int) -> Tuple[Optional[str], Optional[int]]:
+        """What a node's agent reads of the process ``pid``: (its stderr's tail, its exit status)."""
+        process = next((w for w in self.workers if w.pid == pid), None)
+        return (None, process.exit_code) if process is not None and not process.alive else (None, None)
+
+    def alive(self) -> List[str]:
+        return [repr(w) for w in self.workers if w.alive] + [f"agent on {a.node_id}" for a in self.agents if a.alive]
