@@ -262,6 +262,8 @@ class FakeCluster:
         with self._lock:
             self.connected = False
             self.processes.end_all("the cluster was shut down")
+            for reservation in self.nodes.reservations:
+                reservation.freed = True  # gone with it
 
     def leftovers(self) -> List[str]:
         """Everything still alive or held: workers, agents, placements, timers (empty after a clean shutdown)."""

@@ -1,0 +1,115 @@
+"""A WorkerGroup on the fake cluster: what arrives from another thread or
+from the cluster while the group lives (a shutdown, a drain, new room), and
+what the group does between calls (refilling its spares). Virtual time: the
+poll that notices a drain, or the 5 s a spare waits before it starts, pass
+in microseconds, and always in the same order."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, List
+
+import pytest
+
+from raydist.config import RunConfig
+from raydist.errors import WorkerGroupClosed, WorkerGroupError
+from raydist.pool.cluster.fake import FakeCluster, Fault
+from raydist.pool.cluster.fake_worker import current_attempt, current_rank
+from raydist.pool.driver.calls import prepare_call
+from raydist.pool.driver.group import WorkerGroup
+from raydist.pool.driver.runner import run_with_restarts
+from raydist.pool.driver.spares import REFILL_DELAY_S
+from raydist.pool.records import GroupPhase
+
+NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}, "node-c": {"CPU": 1}}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.CRITICAL, logger="raydist")
+
+
+def later(holder: List[WorkerGroup], act: Callable[[WorkerGroup], Any]) -> Callable[[], None]:
+    """What another thread does to the group (made once the group exists)."""
+    return lambda: act(holder[0])
+
+
+def group_on(cluster: FakeCluster, holder: List[WorkerGroup], **options: Any) -> WorkerGroup:
+    group = WorkerGroup(config=RunConfig(flight_recorder=False, **options), cluster=cluster)
+    holder.append(group)
+    return group
+
+
+@pytest.mark.parametrize("graceful", [True, False])
+def test_a_shutdown_from_another_thread_ends_the_running_call(graceful: bool) -> None:
+    holder: List[WorkerGroup] = []
+    shutdown = later(holder, lambda group: group.shutdown(graceful=graceful))
+    cluster = FakeCluster(NODES, [Fault("execute", "hang", who=1), Fault("execute", "act", who=2, action=shutdown)])
+    group = group_on(cluster, holder, num_workers=4)
+    with pytest.raises(WorkerGroupClosed, match="shut down while the call ran"):
+        group.run(current_rank)
+    assert group.phase is GroupPhase.CLOSED and cluster.leftovers() == []
+    # A graceful shutdown gives rank 1 (stuck in its call) the teardown's 5 s before it is killed.
+    assert cluster.monotonic() == (5.0 if graceful else 0.0)
+    with pytest.raises(RuntimeError, match="has been shut down"):
+        group.run(current_rank)
+
+
+def test_a_shutdown_during_a_warm_restart_ends_it_and_raises_the_failure() -> None:
+    holder: List[WorkerGroup] = []
+    shutdown = later(holder, lambda group: group.shutdown())
+    # Rank 1 dies; while the survivors leave their process group, the group is shut down.
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1), Fault("teardown", "act", who=0, action=shutdown)])
+    group = group_on(cluster, holder, num_workers=4, max_restarts=1)
+    with pytest.raises(WorkerGroupError, match="root cause: rank 1 on node node-a") as failure:
+        group.run(current_rank)
+    assert not failure.value.restarted_in_place
+    assert group.phase is GroupPhase.CLOSED and group.restarts_used == 0 and cluster.leftovers() == []
+
+
+def test_a_draining_nodes_ranks_are_warned_once_with_its_deadline() -> None:
+    cluster = FakeCluster(NODES, [Fault("execute", "drain-node", who=2)])  # node-b: ranks 2 and 3
+    with WorkerGroup(config=RunConfig(num_workers=4, flight_recorder=False), cluster=cluster) as group:
+        assert group.run(current_rank) == [0, 1, 2, 3]
+        deadline = cluster.draining_nodes()["node-b"]
+        cluster.sleep(10 * group.config.monitor_interval)  # ten polls
+        assert group.drained_nodes == {"node-b": deadline}
+        warned = {agent.node_id: agent.warned for agent in cluster.processes.agents}
+        assert warned == {"node-a": [], "node-b": [(2, deadline), (3, deadline)]}
+    assert cluster.leftovers() == []
+
+
+def test_a_spare_takes_a_dead_ranks_place_and_a_new_spare_starts_after_the_delay() -> None:
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1)])
+    with WorkerGroup(config=RunConfig(num_workers=4, spare_workers=1, max_restarts=1, flight_recorder=False), cluster=cluster) as group:
+        spare = group.spares[0].pid
+        with pytest.raises(WorkerGroupError) as failure:
+            group.run(current_rank)
+        assert failure.value.restarted_in_place and group.restart_count == 1
+        assert spare in [worker.pid for worker in group.workers] and group.spares == []
+        cluster.sleep(REFILL_DELAY_S - 0.1)
+        assert group.spares == []  # its start waits, so as not to slow the new world's first steps
+        cluster.sleep(0.2)
+        assert len(group.spares) == 1 and len(cluster.processes.workers) == 6  # 4 + the spare + its successor
+        assert group.run(lambda: (current_rank(), current_attempt())) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert cluster.leftovers() == []
+
+
+def test_new_room_restarts_an_elastic_group_larger_not_counted() -> None:
+    cluster = FakeCluster({"node-a": {"CPU": 2}})
+    arrive = Fault("execute", "act", who=0, action=lambda: cluster.add_node("node-b", {"CPU": 2}))
+    cluster.faults += [arrive, Fault("execute", "hang", who=1)]  # the call runs on until the group restarts
+    config = RunConfig(num_workers=(2, 4), restart_to_grow=True, max_restarts=0, flight_recorder=False)
+    values = run_with_restarts(cluster, config, prepare_call(cluster, lambda: (current_rank(), current_attempt())))
+    assert values == [(0, 1), (1, 1), (2, 1), (3, 1)]  # attempt 1, of 4, though no restart was allowed
+    assert cluster.monotonic() == config.monitor_interval and cluster.leftovers() == []
+
+
+def test_a_group_after_its_cluster_is_gone_says_so_and_starts_nothing() -> None:
+    cluster = FakeCluster(NODES)
+    group = WorkerGroup(config=RunConfig(num_workers=2, flight_recorder=False), cluster=cluster)
+    cluster.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        group.run(current_rank)
+    group.shutdown()
+    assert cluster.leftovers() == []
