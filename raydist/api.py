@@ -7,8 +7,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 from raydist.config import RunConfig, make_config
 from raydist.pool.cluster.ray_cluster import RayCluster
 from raydist.pool.driver.calls import prepare_call
+from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.datasets import check_datasets
-from raydist.pool.driver.runner import run_with_restarts
 from raydist.pool.rules.datasets import DataConfig
 
 
@@ -50,4 +50,4 @@ def run(
     data = check_datasets(datasets, dataset_config)
     # Checked and pickled once, before Ray is touched; every attempt sends the same bytes.
     cluster = RayCluster()
-    return run_with_restarts(cluster, config, prepare_call(cluster, fn, args, kwargs), data)
+    return run_call(RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, fn, args, kwargs), data)

@@ -61,8 +61,6 @@ class RaydistError(Exception):
 
     # How the call ended, as the group classified it (see raydist.pool.rules.policy).
     end: Optional[CallEnd] = None
-    # The restart decision taken for it, once (a raydist.pool.rules.policy.Decision).
-    decision: Optional[object] = None
     # The group replaced its failed ranks before raising: it takes calls again.
     restarted_in_place: bool = False
 

@@ -149,7 +149,7 @@ class GroupPhase(enum.Enum):
     """Where a worker group is in its life; changed under the group's short
     lock, only along ``PHASE_TRANSITIONS`` (``check_transition``)."""
 
-    STARTING = "starting"  # the first world is being built
+    STARTING = "starting"  # an attempt's world is being placed and built (the first, or a fresh restart's)
     RUNNING = "running"  # a world takes calls
     RESTARTING = "restarting"  # a warm restart builds the next world: calls wait for it
     SHUTTING_DOWN = "shutting down"  # releasing everything; entered once, by shutdown, cancel or growth
@@ -162,8 +162,9 @@ PHASE_TRANSITIONS: FrozenSet[Tuple[GroupPhase, GroupPhase]] = frozenset(
         (GroupPhase.STARTING, GroupPhase.RUNNING),
         (GroupPhase.STARTING, GroupPhase.SHUTTING_DOWN),  # the start failed, or shutdown() from another thread
         (GroupPhase.RUNNING, GroupPhase.RESTARTING),
+        (GroupPhase.RUNNING, GroupPhase.STARTING),  # a fresh (or larger) restart of a run: the next attempt is placed
         (GroupPhase.RUNNING, GroupPhase.SHUTTING_DOWN),
-        (GroupPhase.RESTARTING, GroupPhase.RUNNING),  # the next world is installed
+        (GroupPhase.RESTARTING, GroupPhase.RUNNING),  # the next world is installed (or the warm restart failed)
         (GroupPhase.RESTARTING, GroupPhase.SHUTTING_DOWN),  # a shutdown wins over the restart
         (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED),
     }

@@ -19,12 +19,24 @@ from raydist.errors import (
 )
 from raydist.pool import signals
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
+from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.call_check import check_call
-from raydist.pool.driver.waiting import Waited
+from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, Outcome
+from raydist.pool.rules.policy import classify_end
 
-__all__ = ["INLINE_CALL_BYTES", "CallHooks", "KeptCall", "WorkerFuture", "error_for", "forward_signal", "prepare_call", "send_call"]
+__all__ = [
+    "INLINE_CALL_BYTES",
+    "CallHooks",
+    "KeptCall",
+    "WorkerFuture",
+    "end_of_call",
+    "error_for",
+    "forward_signal",
+    "prepare_call",
+    "send_call",
+]
 
 logger = logging.getLogger("raydist")
 
@@ -131,6 +143,34 @@ class WorkerFuture:
             return False
         self._hooks.cancel()
         return True
+
+
+def end_of_call(
+    cluster: Cluster,
+    future: WorkerFuture,
+    timeout: Optional[float],
+    stopped: Callable[[], Optional[CallEnd]],
+    config_timeout: Optional[float],
+) -> Tuple[Optional[List[Any]], Optional[RaydistError], Waited]:
+    """Wait for ``future``'s ranks (up to ``timeout``, and the group's own
+    ``config_timeout`` from the call's start): (values, None) or (None, the
+    error for how it ended), with what was waited; ``stopped()``: why the run
+    stopped the call meanwhile, if it did. TimeoutError (the call runs on)
+    when ``timeout`` passes first."""
+    world = future.world
+    group_left = None if future.deadline is None else max(0.0, future.deadline - cluster.monotonic())
+    limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
+    waited = wait_for_ranks(cluster, future.refs, limit, world.workers, None, future.actors)
+    if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
+        raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
+    future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
+    failures, why = waited.failures, stopped()
+    if why is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
+        failures = explain_deaths(failures, world.workers, world.agents)
+    end = classify_end(failures, waited.pending, stopped=why, drained_nodes=world.drained)
+    if end is CallEnd.FINISHED:
+        return world.settle_output(future.number, waited.results), None, waited
+    return None, error_for(end, world, waited, failures, config_timeout or 0.0), waited  # a timeout says the one set
 
 
 def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[WorkerFailure], limit: float) -> RaydistError:

@@ -27,6 +27,14 @@ class Lifecycle:
             self.phase = to
             self.changed.notify_all()
 
+    def move_if(self, current: GroupPhase, to: GroupPhase, when: Callable[[], bool] = lambda: True) -> bool:
+        """Move from ``current`` to ``to`` if the phase is ``current`` and ``when()`` holds (checked under the lock)."""
+        with self.lock:
+            if self.phase is not current or not when():
+                return False
+            self.move(to)
+            return True
+
     def stop(self, cause: CallEnd) -> bool:
         """Enter SHUTTING_DOWN for ``cause``; False when a stop had begun already."""
         with self.lock:

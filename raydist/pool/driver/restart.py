@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, List, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, List, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
 from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
+from raydist.pool.driver.lifecycle import Lifecycle
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
+from raydist.pool.records import GroupPhase
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
 
 logger = logging.getLogger("raydist")
@@ -79,7 +81,7 @@ def restart_in_place(
     for agent in holdings.agents.retire(sorted(leaving)):
         cluster.kill(agent)
     builder.restart(plan.node_order)
-    new = _join(builder, holdings, world, plan)
+    new = _join(builder, holdings, world, plan, world.attempt + 1)
     if not _alive(live):
         new.end()  # (its actors are held: the teardown after the abort kills them)
         raise RestartAborted("the group was shut down during its warm restart")
@@ -88,6 +90,34 @@ def restart_in_place(
     taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
     holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
     return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
+
+
+def warm_restart(
+    life: Lifecycle,
+    builder: GroupBuilder,
+    holdings: Holdings,
+    world: World,
+    refs: Sequence[Pending],
+    waited: Waited,
+    call: int,
+    config: RunConfig,
+) -> Optional[Tuple[World, str]]:
+    """``restart_in_place`` for a run in ``RESTARTING``: the next world and its
+    line, or None when a shutdown began meanwhile or the restart failed (then
+    logged, and the phase back to RUNNING for the teardown or fresh start after it)."""
+
+    def live() -> None:  # between the restart's steps: a shutdown that began wins
+        if life.phase is not GroupPhase.RESTARTING:
+            raise RestartAborted("the group was shut down during its warm restart")
+
+    try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
+        return restart_in_place(builder, holdings, world, refs, waited, call, config, live)
+    except RestartAborted:
+        return None  # the teardown after it releases what the restart made
+    except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
+        logger.error("raydist: warm restart failed (%s: %s)", type(failure).__name__, failure)
+        life.move_if(GroupPhase.RESTARTING, GroupPhase.RUNNING)
+        return None
 
 
 def _alive(live: Callable[[], None]) -> bool:
@@ -178,7 +208,7 @@ def _plan(
         cluster.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
 
 
-def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: RestartPlan) -> World:
+def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: RestartPlan, number: int) -> World:
     """The next world: kept processes, spares and new processes, described,
     ranked and set up together (kept ones leave their old group first)."""
     kept: List[Tuple[Any, int]] = [(world.actors[r], world.workers[r].actor_index) for r in plan.kept]
@@ -192,4 +222,4 @@ def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: Restart
     bundles = [bundle for _, bundle in joining] + fresh_bundles
     placements = builder.describe(holdings, actors, bundles)
     standby = [s.placement for s in holdings.spares.ready]
-    return builder.attempt(holdings, dict(zip(bundles, actors)), placements, standby)
+    return builder.attempt(holdings, dict(zip(bundles, actors)), placements, number, standby)

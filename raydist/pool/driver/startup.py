@@ -111,19 +111,6 @@ def _wait_dead(cluster: Cluster, actors: List[Worker]) -> None:
         cluster.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
 
 
-@dataclass(frozen=True)
-class RunAttempt:
-    """Where one attempt of a run starts: its number, the run's logs, the node
-    order to keep, the restarts already counted and the run's training-state
-    name (the run releases that state, not the group)."""
-
-    number: int = 0
-    logs: Optional[RunLogs] = None
-    node_order: Sequence[str] = ()
-    restarts_used: int = 0
-    state_name: Optional[str] = None
-
-
 class GroupBuilder:
     """Builds one group's holdings, then each attempt's ``World``; see the module docstring."""
 
@@ -135,7 +122,6 @@ class GroupBuilder:
         logs: RunLogs,
         router: Optional[OutputRouter],
         stop_group: Callable[[], None],
-        restart_count: int = 0,
         node_order: Sequence[str] = (),
         extra_env: Optional[Mapping[str, str]] = None,
     ):
@@ -146,18 +132,18 @@ class GroupBuilder:
         self._logs = logs
         self._router = router
         self._stop_group = stop_group  # what the drain watcher calls to stop the group to grow
-        self.restart_count = restart_count  # the attempt being built (a warm restart raises it)
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
 
-    def build(self, holdings: Holdings) -> World:
-        """The first world on ``holdings`` (from ``reserve``); on any failure everything made so far is released."""
+    def build(self, holdings: Holdings, number: int) -> World:
+        """Attempt ``number``'s first world on ``holdings`` (from ``reserve``); on
+        any failure everything made so far is released."""
         try:
             actors = self.create(holdings, range(holdings.slots))
             placements = self.describe(holdings, actors, range(len(actors)))
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
-            world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, standby)
+            world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
             # Off the start path: the other nodes' agents start while the first call runs.
             holdings.agents.start([worker.node_id for worker in world.workers] + [spare.node_id for spare in standby])
             return world
@@ -213,18 +199,18 @@ class GroupBuilder:
         return placements
 
     def attempt(
-        self, holdings: Holdings, actors: Dict[int, Worker], placements: List[Placement], standby: Sequence[Placement] = ()
+        self, holdings: Holdings, actors: Dict[int, Worker], placements: List[Placement], number: int, standby: Sequence[Placement] = ()
     ) -> World:
-        """This attempt's world from where its workers landed (``actors`` by
+        """Attempt ``number``'s world from where its workers landed (``actors`` by
         slot): ranks, output, round trip 2 (set up), then its watchers."""
         workers = assign_ranks(placements, self._cluster.driver_node(), self._node_order, standby)
         if holdings.request.node_layout:
             broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
-        routes = self._logs.attempt(self.restart_count, workers)
+        routes = self._logs.attempt(number, workers)
         world = World(
-            attempt=self.restart_count,
+            attempt=number,
             actors=tuple(actors[w.actor_index] for w in workers),
             workers=tuple(workers),
             contexts=(),
@@ -252,8 +238,7 @@ class GroupBuilder:
         return self._await(world.workers, calls, "initialised", holdings.agents)
 
     def restart(self, node_order: Sequence[str]) -> None:
-        """The next attempt: its number, the node order to keep, and the backend's driver side anew."""
-        self.restart_count += 1
+        """For the next attempt: the node order to keep, and the backend's driver side anew."""
         self._node_order = tuple(node_order)
         self._hooks.stop()
 
@@ -273,7 +258,7 @@ class GroupBuilder:
                     master_addr=workers[0].node_ip,
                     master_port=master_port,
                     run_id=self._logs.run_id,
-                    restart_count=self.restart_count,
+                    restart_count=world.attempt,
                     config=config,
                     accelerator=holdings.accelerator,
                     cpus=holdings.bundle.get("CPU", 1),

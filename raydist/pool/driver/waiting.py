@@ -36,6 +36,11 @@ class Waited:
     pending: List[int] = field(default_factory=list)
     unsent: List[int] = field(default_factory=list)  # ranks whose value could not come back (markers unknown)
 
+    @property
+    def marked_failures(self) -> List[int]:
+        """Ranks whose code raised or exited, and whose output carries the call's end marker (not the dead, not the unsent)."""
+        return [f.rank for f in self.failures if not f.crashed and f.rank not in self.unsent]
+
 
 def wait_for_ranks(
     cluster: Cluster,

@@ -1,13 +1,14 @@
 """How a call on a worker group ended, and whether the run goes on.
 
 Pure: ``classify_end`` turns what the driver saw into a ``CallEnd``, and
-``decide_restart`` turns that into a ``Decision``: restart (why, counted
-against ``max_restarts`` or not) or raise (and why not). ``WorkerGroup``
-classifies; ``raydist.run`` and ``raydist run`` decide with the same rules.
+``decide`` turns that and the run's ``Facts`` into a ``Decision``: restart
+warm, fresh or larger (why, counted against ``max_restarts`` or not), or
+raise (and why not). The run's controller asks, once per failure.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
@@ -48,39 +49,68 @@ class RestartReason:
     counted: bool  # against max_restarts
 
 
+class Action(enum.Enum):
+    """What a run does after a failure: the one answer of ``decide``."""
+
+    WARM = "warm"  # replace the failed ranks in place; the survivors keep their processes
+    FRESH = "fresh"  # tear the attempt down and start the next one in new processes
+    RESIZE = "resize"  # the same, larger: the cluster has room for more workers
+    RAISE = "raise"  # the run ends with the error
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the policy needs to know besides how the call ended."""
+
+    restarts_left: int  # max_restarts minus the restarts counted so far
+    retry_on_exception: bool
+    driver_node: Optional[str]  # the node the driver runs on (None: unknown, a remote client)
+    started: bool  # the failed attempt had started (False: it failed while starting)
+    warm_restarts: bool  # the run restarts in place where it can (restart_mode="warm")
+    node_layout: bool  # torchrun's node layout: a restart replaces whole nodes, so it starts afresh
+    newest_call: bool  # the failed call is the newest sent to its world (a newer one would run on the old ranks)
+    fresh_allowed: bool  # the run may start new attempts (raydist.run, raydist run); a WorkerGroup raises instead
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Restart (``restart`` says why) or raise (``why_not`` may say why not)."""
+    """One failure's answer: the action, why (``reason``, for the log line
+    and whether it counts against max_restarts), and why not restart."""
 
-    restart: Optional[RestartReason] = None
+    action: Action
+    reason: Optional[RestartReason] = None
     why_not: Optional[str] = None
 
+    @property
+    def restarts(self) -> bool:
+        return self.action is not Action.RAISE
 
-def decide_restart(
-    error: BaseException,
-    *,
-    retry_on_exception: bool,
-    restarts_left: int,
-    driver_node: Optional[str] = None,
-) -> Decision:
-    """Whether a run whose group raised ``error`` runs again. Asked once per
-    failure: by the group for a failed call (kept on the error as
-    ``decision``), by the runner for a failed start.
+
+def decide(error: BaseException, facts: Facts) -> Decision:
+    """What the run does after ``error``: asked once per failure, by the run's
+    controller (``raydist.pool.driver.controller``), and nothing else decides.
 
     A preemption and a growth are not counted against ``max_restarts``; a
     dead rank or a lost node are; code that raised only with
-    ``retry_on_exception``. Time-outs, cancellations and shut-downs end the run.
+    ``retry_on_exception``. Time-outs, cancellations and shut-downs end the
+    run. A restart is warm when the run restarts in place, its attempt had
+    started, the call that failed is the newest and no node layout binds
+    whole nodes; otherwise it starts afresh where the run may, else raises.
     """
     end = error.end if isinstance(error, RaydistError) else None
-    reason = _reason(end, error, retry_on_exception)
+    reason = _reason(end, error, facts.retry_on_exception)
     if reason is None:
-        return Decision()
-    if end is CallEnd.DRAINED and isinstance(error, WorkerGroupError) and driver_node in error.preempted_nodes:
+        return Decision(Action.RAISE)
+    if end is CallEnd.DRAINED and isinstance(error, WorkerGroupError) and facts.driver_node in error.preempted_nodes:
         # Ray starts no new actors anywhere while the driver's own node drains.
-        return Decision(why_not="the driver's node is being drained: no restart; run the driver on a node that stays")
-    if reason.counted and restarts_left <= 0:
-        return Decision()
-    return Decision(restart=reason)
+        return Decision(Action.RAISE, why_not="the driver's node is being drained: no restart; run the driver on a node that stays")
+    if reason.counted and facts.restarts_left <= 0:
+        return Decision(Action.RAISE)
+    if reason.kind == "scale-up":  # a larger placement: a fresh start
+        return Decision(Action.RESIZE if facts.fresh_allowed else Action.RAISE, reason)
+    if facts.started and facts.warm_restarts and not facts.node_layout and facts.newest_call:
+        return Decision(Action.WARM, reason)
+    return Decision(Action.FRESH if facts.fresh_allowed else Action.RAISE, reason)
 
 
 def _reason(end: Optional[CallEnd], error: BaseException, retry_on_exception: bool) -> Optional[RestartReason]:

@@ -27,7 +27,7 @@ from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGro
 from raydist.pool.cluster.fake import FakeCluster, Fault
 from raydist.pool.cluster.fake_worker import current_attempt, current_rank
 from raydist.pool.driver.calls import prepare_call
-from raydist.pool.driver.runner import run_with_restarts
+from raydist.pool.driver.controller import RunController, run_call
 
 NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}, "node-c": {"CPU": 1}}
 MODES: Dict[str, Dict[str, Any]] = {
@@ -263,7 +263,9 @@ def run(faults: List[Fault], mode: str, **options: Any) -> Tuple[FakeCluster, Ou
     cluster = FakeCluster(NODES, faults)
     config = RunConfig(flight_recorder=False, timeout=60, startup_timeout=30, **{**MODES[mode], **options})
     try:
-        values = run_with_restarts(cluster, config, prepare_call(cluster, lambda: (current_rank(), current_attempt())))
+        values = run_call(
+            RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
+        )
     except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt included: what the user gets
         return cluster, Fails(type(error), str(error), len(cluster.processes.workers))
     assert [rank for rank, _ in values] == list(range(len(values)))  # each rank's value, in rank order

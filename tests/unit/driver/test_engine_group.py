@@ -16,10 +16,11 @@ from raydist.errors import WorkerGroupClosed, WorkerGroupError
 from raydist.pool.cluster.fake import FakeCluster, Fault
 from raydist.pool.cluster.fake_worker import current_attempt, current_rank
 from raydist.pool.driver.calls import prepare_call
+from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.group import WorkerGroup
-from raydist.pool.driver.runner import run_with_restarts
 from raydist.pool.driver.spares import REFILL_DELAY_S
 from raydist.pool.records import GroupPhase
+from raydist.pool.rules.policy import Action, Decision, Facts
 
 NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}, "node-c": {"CPU": 1}}
 
@@ -100,7 +101,9 @@ def test_new_room_restarts_an_elastic_group_larger_not_counted() -> None:
     arrive = Fault("execute", "act", who=0, action=lambda: cluster.add_node("node-b", {"CPU": 2}))
     cluster.faults += [arrive, Fault("execute", "hang", who=1)]  # the call runs on until the group restarts
     config = RunConfig(num_workers=(2, 4), restart_to_grow=True, max_restarts=0, flight_recorder=False)
-    values = run_with_restarts(cluster, config, prepare_call(cluster, lambda: (current_rank(), current_attempt())))
+    values = run_call(
+        RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
+    )
     assert values == [(0, 1), (1, 1), (2, 1), (3, 1)]  # attempt 1, of 4, though no restart was allowed
     assert cluster.monotonic() == config.monitor_interval and cluster.leftovers() == []
 
@@ -113,3 +116,19 @@ def test_a_group_after_its_cluster_is_gone_says_so_and_starts_nothing() -> None:
         group.run(current_rank)
     group.shutdown()
     assert cluster.leftovers() == []
+
+
+def test_the_policy_is_the_one_that_decides() -> None:
+    """An injected policy that never restarts: the dead rank's error is raised, nothing restarted."""
+    asked: List[Facts] = []
+
+    def never(error: BaseException, facts: Facts) -> Decision:
+        asked.append(facts)
+        return Decision(Action.RAISE)
+
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1)])
+    config = RunConfig(num_workers=4, max_restarts=3, flight_recorder=False)
+    with pytest.raises(WorkerGroupError, match="root cause: rank 1"):
+        run_call(RunController(cluster, config, fresh_restarts=True, policy=never), prepare_call(cluster, current_rank))
+    assert [(f.started, f.restarts_left, f.fresh_allowed) for f in asked] == [(True, 3, True)]  # asked once
+    assert len(cluster.processes.workers) == 4 and cluster.leftovers() == []

@@ -205,3 +205,52 @@ def test_no_module_outgrows_its_limit() -> None:
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     ]
     assert too_long == []
+
+
+# Private names written from outside their object that are not raydist's own
+# classes' fields: torch's state-dict ``_metadata`` (read by load_state_dict),
+# the marker raydist puts on a wrapped function, and the os._exit that notes a worker's status.
+FOREIGN_PRIVATE_WRITES = {"rebuilt._metadata", "noted._raydist_noted", "os._exit"}
+
+
+def private_writes(tree: ast.Module) -> List[str]:
+    """Assignments to ``x._name`` where ``x`` is not ``self`` or ``cls``."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        )
+        for target in [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]:
+            private = isinstance(target, ast.Attribute) and target.attr.startswith("_") and not target.attr.startswith("__")
+            if private and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")):  # type: ignore[attr-defined]
+                found.append(ast.unparse(target))
+    return found
+
+
+def test_no_function_writes_another_objects_private_fields() -> None:
+    """A class owns its fields: a module function that sets ``group._world``
+    is a method in hiding (the run's controller owns what it changes)."""
+    writes = {f"{name}: {write}" for name, tree in MODULES.items() for write in private_writes(tree)}
+    assert {write.split(": ", 1)[1] for write in writes} <= FOREIGN_PRIVATE_WRITES, sorted(writes)
+    assert private_writes(ast.parse("def f(group):\n    group._world = None\n    self._ok = 1\n")) == ["group._world"]
+
+
+def test_no_object_is_built_past_its_constructor() -> None:
+    calls = [
+        name
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__new__"
+    ]
+    assert calls == []
+
+
+def test_one_module_decides_restarts() -> None:
+    """Only the run's attempts (``raydist.pool.driver.attempts``) ask the restart policy."""
+    askers = {
+        name
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "raydist.pool.rules.policy" and any(a.name == "decide" for a in node.names)
+    }
+    assert askers == {"raydist.pool.driver.attempts"}

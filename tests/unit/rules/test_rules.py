@@ -20,7 +20,7 @@ from raydist.pool.rules.explain import NODE_LOST_TEXT
 from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
-from raydist.pool.rules.policy import classify_end, decide_restart
+from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide
 from raydist.pool.rules.sizing import default_num_workers, infeasibility, resolve_accelerator, worker_bundle
 
 GPU = BY_NAME["gpu"]
@@ -161,12 +161,50 @@ def test_the_restart_policy_for_every_way_a_call_ends(end: CallEnd, how: str, pl
     )
     for retry, expected in ((False, plain), (True, retrying)):
         error = group_error(end, one, preempted=(one.node_id,) if end is CallEnd.DRAINED else ())
-        decision = decide_restart(error, retry_on_exception=retry, restarts_left=1)
-        assert (decision.restart.kind if decision.restart else None) == expected, (end, retry)
+        decision = decide(error, facts(retry_on_exception=retry))
+        assert (decision.reason.kind if decision.reason else None) == expected, (end, retry)
+        assert decision.restarts == (expected is not None)
     grow = WorkerGroupStopped("room for 2")
     grow.end = CallEnd.GROW
-    assert decide_restart(grow, retry_on_exception=False, restarts_left=0).restart.kind == "scale-up"  # type: ignore[union-attr]
-    assert not decide_restart(WorkerStartupTimeout(1.0, "started", 2, []), retry_on_exception=True, restarts_left=1).restart
+    assert decide(grow, facts(restarts_left=0)).action is Action.RESIZE  # a growth is not counted
+    assert decide(grow, facts(fresh_allowed=False)).action is Action.RAISE  # a WorkerGroup cannot grow itself
+    assert decide(WorkerStartupTimeout(1.0, "started", 2, []), facts(retry_on_exception=True)).action is Action.RAISE
+
+
+def facts(**changed: Any) -> Facts:
+    plain = dict(
+        restarts_left=1,
+        retry_on_exception=False,
+        driver_node="driver",
+        started=True,
+        warm_restarts=True,
+        node_layout=False,
+        newest_call=True,
+        fresh_allowed=True,
+    )
+    return Facts(**{**plain, **changed})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changed", "action"),
+    [
+        ({}, Action.WARM),  # the survivors stay
+        ({"started": False}, Action.FRESH),  # a failed start has no survivors
+        ({"warm_restarts": False}, Action.FRESH),  # restart_mode="fresh"
+        ({"node_layout": True}, Action.FRESH),  # whole nodes are replaced
+        ({"newest_call": False}, Action.FRESH),  # a newer call is queued on the old ranks
+        ({"newest_call": False, "fresh_allowed": False}, Action.RAISE),  # a WorkerGroup does not start afresh
+        ({"restarts_left": 0}, Action.RAISE),
+        ({"driver_node": "n" * 16}, Action.RAISE),  # the driver's own node drains (for a preemption)
+    ],
+)
+def test_the_policy_chooses_warm_fresh_or_raise_from_the_facts(changed: Dict[str, Any], action: Action) -> None:
+    end = CallEnd.DRAINED if "driver_node" in changed else CallEnd.RANK_FAILED
+    one = failure(0, died="killed", node_id="n" * 16)
+    error = group_error(end, one, preempted=(one.node_id,) if end is CallEnd.DRAINED else ())
+    decision = decide(error, facts(**changed))
+    assert decision.action is action, decision
+    assert (decision.why_not is not None) == ("driver_node" in changed)
 
 
 def test_phases_move_only_along_the_table() -> None:
@@ -193,23 +231,23 @@ def group_error(end: CallEnd, *failures: WorkerFailure, preempted: Tuple[str, ..
     return error
 
 
-def decide(error: BaseException, *, retry: bool = False, left: int = 1, driver: Optional[str] = None) -> Any:
-    return decide_restart(error, retry_on_exception=retry, restarts_left=left, driver_node=driver)
+def decided(error: BaseException, *, retry: bool = False, left: int = 1, driver: Optional[str] = None) -> Decision:
+    return decide(error, facts(retry_on_exception=retry, restarts_left=left, driver_node=driver))
 
 
 def test_a_dead_rank_restarts_while_restarts_are_left() -> None:
     error = group_error(CallEnd.RANK_FAILED, failure(1, died="killed by SIGKILL"))
-    decision = decide(error)
-    assert decision.restart is not None and decision.restart.counted
-    assert "rank 1" in decision.restart.detail and "SIGKILL" in decision.restart.detail
-    assert decide(error, left=0).restart is None
+    decision = decided(error)
+    assert decision.reason is not None and decision.reason.counted
+    assert "rank 1" in decision.reason.detail and "SIGKILL" in decision.reason.detail
+    assert decided(error, left=0).reason is None
 
 
 def test_code_that_raised_restarts_only_with_retry_on_exception() -> None:
     error = group_error(CallEnd.RANK_FAILED, failure(0, traceback="Traceback ...\nValueError: bad batch\n"))
-    assert decide(error).restart is None
-    decision = decide(error, retry=True)
-    assert decision.restart is not None and decision.restart.detail == "rank 0: ValueError: bad batch"
+    assert decided(error).reason is None
+    decision = decided(error, retry=True)
+    assert decision.reason is not None and decision.reason.detail == "rank 0: ValueError: bad batch"
 
 
 def test_preemption_and_growth_are_not_counted() -> None:
@@ -217,21 +255,21 @@ def test_preemption_and_growth_are_not_counted() -> None:
     grow = WorkerGroupStopped("room for 2 more")
     grow.end = CallEnd.GROW
     for error in (drained, grow):
-        decision = decide(error, left=0)
-        assert decision.restart is not None and not decision.restart.counted
+        decision = decided(error, left=0)
+        assert decision.reason is not None and not decision.reason.counted
 
 
 def test_a_drain_of_the_drivers_own_node_is_not_restarted_and_says_why() -> None:
     drained = group_error(CallEnd.DRAINED, failure(0, died="killed"), preempted=("a" * 16,))
-    decision = decide(drained, driver="a" * 16)
-    assert decision.restart is None and "driver's node" in (decision.why_not or "")
+    decision = decided(drained, driver="a" * 16)
+    assert decision.reason is None and "driver's node" in (decision.why_not or "")
 
 
 def test_timeouts_and_unclassified_errors_end_the_run() -> None:
     timeout = WorkerGroupTimeout(5.0, [1])
     timeout.end = CallEnd.TIMED_OUT
-    assert decide(timeout, retry=True, left=5).restart is None
-    assert decide(ValueError("bad option"), retry=True, left=5).restart is None
+    assert decided(timeout, retry=True, left=5).reason is None
+    assert decided(ValueError("bad option"), retry=True, left=5).reason is None
 
 
 # Every way a call ends, and whether the run restarts: (without, with) retry_on_exception.
@@ -256,11 +294,11 @@ def test_the_restart_decision_for_every_call_ending(end: CallEnd) -> None:
         error = WorkerGroupTimeout(5.0, [1])
         error.end = end
     for retry, expected in zip((False, True), RESTARTS_BY_END[end]):
-        assert (decide(error, retry=retry, left=5).restart is not None) is expected, (end, retry)
+        assert (decided(error, retry=retry, left=5).reason is not None) is expected, (end, retry)
 
 
 def test_a_startup_timeout_is_never_restarted() -> None:
-    assert decide(WorkerStartupTimeout(60.0, "started", 2, ["rank 1"]), retry=True, left=5).restart is None
+    assert decided(WorkerStartupTimeout(60.0, "started", 2, ["rank 1"]), retry=True, left=5).reason is None
 
 
 # -- failure reports ------------------------------------------------------------------

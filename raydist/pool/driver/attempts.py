@@ -1,0 +1,76 @@
+"""``Attempts``: a run's one attempt counter, its restart budget and its
+history, and the one place the restart policy is asked.
+
+The controller (``raydist.pool.driver.controller``) gathers the facts of a
+failure; ``decide`` puts them to the policy (``raydist.pool.rules.policy``,
+injectable), ``count`` charges a restart and says so in one log line, and
+``final`` is the error a run ends with (listing the attempts before it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, List, Optional
+
+from raydist.config import RunConfig
+from raydist.errors import RaydistError, WorkerGroupError
+from raydist.pool.cluster.seam import Cluster
+from raydist.pool.driver.startup import Holdings
+from raydist.pool.rules.policy import Decision, Facts, decide, restart_line
+from raydist.pool.rules.restart_plan import restart_summary
+
+logger = logging.getLogger("raydist")
+
+Policy = Callable[[BaseException, Facts], Decision]
+
+
+class Attempts:
+    def __init__(self, config: RunConfig, fresh_restarts: bool, policy: Optional[Policy] = None):
+        self._config = config
+        self.fresh_restarts = fresh_restarts  # a run starts new attempts; a WorkerGroup raises instead
+        self._policy = policy or decide  # injectable: the engine tests pass their own
+        self.number = 0  # the attempt that runs or starts (TORCHELASTIC_RESTART_COUNT)
+        self.restarts_used = 0  # counted against max_restarts
+        self.history: List[BaseException] = []  # the errors the run restarted after, oldest first
+
+    def decide(self, error: BaseException, cluster: Cluster, holdings: Optional[Holdings], *, started: bool, newest: bool) -> Decision:
+        """The policy's answer to ``error`` on ``cluster`` (``started``: the
+        attempt had started; ``newest``: the failed call is its newest)."""
+        config = self._config
+        facts = Facts(
+            restarts_left=config.max_restarts - self.restarts_used,
+            retry_on_exception=config.retry_on_exception,
+            driver_node=cluster.driver_node() if cluster.session() is not None else None,
+            started=started,
+            warm_restarts=config.warm_restarts,
+            node_layout=holdings is not None and holdings.request.node_layout,
+            newest_call=newest,
+            fresh_allowed=self.fresh_restarts,
+        )
+        decision = self._policy(error, facts)
+        if decision.why_not:
+            logger.error("raydist: %s", decision.why_not)
+        return decision
+
+    def count(self, decision: Decision, error: BaseException, old_size: int) -> None:
+        """The next attempt begins after ``error``: counted, logged, remembered."""
+        assert decision.reason is not None
+        self.restarts_used += int(decision.reason.counted)
+        self.history.append(error)
+        self.number += 1
+        logger.warning(restart_line(decision.reason, old_size, self.number, self._config.max_restarts, self.restarts_used))
+
+    def restarted_after(self, error: BaseException) -> bool:
+        return any(error is earlier for earlier in self.history)
+
+    def final(self, error: RaydistError) -> RaydistError:
+        """The error the run ends with: a run that restarted before lists its earlier attempts."""
+        if self.history and isinstance(error, WorkerGroupError) and self.fresh_restarts:
+            return WorkerGroupError(error.failures, attempts=self.history, preempted_nodes=error.preempted_nodes)
+        return error
+
+    def started(self, size: int, old_size: int, failed: BaseException, now: float) -> None:
+        """Say that a fresh attempt started, and how long after the failure ``failed``."""
+        logger.warning("raydist: attempt %d started with world size %d (was %d)", self.number, size, old_size)
+        failures = failed.failures if isinstance(failed, WorkerGroupError) else []
+        seconds = now - min([f.timestamp for f in failures] + [now])
+        logger.warning(restart_summary(None, [], old_size, size, seconds, self._config.survivor_timeout))
