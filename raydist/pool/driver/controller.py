@@ -171,8 +171,8 @@ class RunController:
     def _restart_warm(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
         """Replace the failed ranks in place (``restart.warm_restart``); False: it could not."""
         life, holdings, old = self.life, self.holdings, future.world
-        assert holdings is not None
-        if not life.move_if(GroupPhase.RUNNING, GroupPhase.RESTARTING, lambda: self.world is old):
+        assert holdings is not None and old is not None
+        if not life.move_if(GroupPhase.RUNNING, GroupPhase.RESTARTING, lambda: self.world is future.world):
             return False
         try:
             restarted = warm_restart(life, self._builder, holdings, old, future.refs, waited, future.number, self.config)
@@ -237,10 +237,10 @@ class RunController:
         return holdings.held_resources(world.workers if world else []) if holdings else {}
 
     def attach(self, name: str, thing: Attachment) -> None:
-        with self.life.lock:
-            if self.world is None or self.world.ended:
-                raise RuntimeError("this WorkerGroup has no running world to attach to")
-            self.world = self.world.attach(name, thing)
+        world = self.world
+        if world is None:
+            raise RuntimeError("this WorkerGroup has no running world to attach to")
+        world.watchers.attach(name, thing)
 
     def check_usable(self) -> None:
         self.check_session()

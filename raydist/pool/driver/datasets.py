@@ -164,7 +164,7 @@ def split_for_world(
     that world (its open splits stop when it ends); None without data."""
     if data is None or world is None:
         return None
-    splits = world.attached.get(DATASETS)
+    splits = world.watchers.attached(DATASETS)
     if not isinstance(splits, OpenSplits):
         warn_without_cpus(cluster, held(), world.size)  # once per world
         splits = OpenSplits(cluster)

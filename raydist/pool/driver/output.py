@@ -145,6 +145,8 @@ class GroupOutput:
         self._router = router
         self._logs = [RankLog(route) for route in routes]
         self._keys = router.attach(workers, self._logs) if router is not None else []
+        self._lock = threading.Lock()
+        self.closed = False  # after close(), a call's values are returned without waiting for its lines
 
     def worker_env(self) -> Dict[str, str]:
         # Empty without a router: a group started inside a worker must not
@@ -157,8 +159,12 @@ class GroupOutput:
         streams of each rank in ``failed_ranks`` (ranks that raised or exited;
         a dead one marks nothing)."""
         values = [value.value if isinstance(value, Printed) else value for value in results]
-        if self._router is None:
-            return values
+        if self._router is not None and not self.closed:  # (closed: the group was shut down after the call finished)
+            self._wait_for(call, results, failed_ranks)
+        return values
+
+    def _wait_for(self, call: int, results: Sequence[Any], failed_ranks: Sequence[int]) -> None:
+        assert self._router is not None
         expected: List[Tuple[Key, bool, int]] = [
             (self._keys[rank], bool(is_err), value.call)
             for rank, value in enumerate(results)
@@ -169,13 +175,22 @@ class GroupOutput:
         expected += [(self._keys[rank], is_err, call) for rank in failed_ranks for is_err in (False, True)]
         if not self._router.wait(expected):
             logger.warning("raydist: some output of call %d had not arrived after %.0f s; it may print later", call, DRAIN_TIMEOUT_S)
-        return values
 
-    def close(self) -> None:
-        if self._router is not None:
-            self._router.detach(self._keys)
-        for log in self._logs:
-            log.close()
+    def close(self, call: Optional[int] = None, results: Sequence[Any] = (), failed_ranks: Sequence[int] = ()) -> None:
+        """Wait for call ``call``'s lines (if given, as ``settle``), then stop
+        routing and close the files; once, whoever calls first."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            if call is not None and self._router is not None:
+                self._wait_for(call, results, failed_ranks)
+        finally:
+            if self._router is not None:
+                self._router.detach(self._keys)
+            for log in self._logs:
+                log.close()
 
 
 def router_for(config: RunConfig, cluster: Cluster) -> Optional[OutputRouter]:

@@ -9,10 +9,9 @@ failure or an interrupt at any step releases all of it before it propagates.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
@@ -28,10 +27,11 @@ from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.driver.world import World
+from raydist.pool.driver.world import Watchers, World
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
+from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
     NodeSelection,
@@ -208,47 +208,60 @@ class GroupBuilder:
             broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise RuntimeError(f"the placement broke the node layout: {broken}")
-        routes = self._logs.attempt(number, workers)
-        world = World(
-            attempt=number,
-            actors=tuple(actors[w.actor_index] for w in workers),
-            workers=tuple(workers),
-            contexts=(),
-            routes=tuple(routes),
-            output=GroupOutput(workers, routes, self._router),
-            agents=holdings.agents,
-            relay=DebugRelay(self._cluster.driver_ip()),
-            flight_recorder=self.config.flight_recorder,
-        )
+        routes = tuple(self._logs.attempt(number, workers))
+        output, watching = GroupOutput(workers, routes, self._router), Watchers(DebugRelay(self._cluster.driver_ip()))
+        ranked = tuple(actors[w.actor_index] for w in workers)
         try:
             master_port = next(p.free_port for p in placements if p.index == workers[0].actor_index)
-            contexts = self._set_up(holdings, world, master_port)
+            contexts = self._set_up(holdings, ranked, workers, routes, output, watching, number, master_port)
         except BaseException:
-            world.end()
+            watching.stop()
+            output.close()
             raise
-        return dataclasses.replace(
-            world, contexts=tuple(contexts), _ending=world._ending, **watchers(self.config, holdings, world, self._stop_group)
+        world = World(
+            number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, self.config.flight_recorder
         )
+        watching.start(*watchers(self.config, holdings, world, self._stop_group))
+        return world
 
-    def _set_up(self, holdings: Holdings, world: World, master_port: int) -> List[Any]:
+    def _set_up(
+        self,
+        holdings: Holdings,
+        actors: Sequence[Worker],
+        workers: Sequence[WorkerInfo],
+        routes: Sequence[RankRoute],
+        output: GroupOutput,
+        watching: Watchers,
+        number: int,
+        master_port: int,
+    ) -> List[Any]:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         self._master_ports.add(master_port)
-        specs = self._specs(holdings, world, master_port)
-        calls = [self._cluster.call(actor, "setup", spec) for actor, spec in zip(world.actors, specs)]
-        return self._await(world.workers, calls, "initialised", holdings.agents)
+        shared = {**self._extra_env, **(watching.relay.env() if watching.relay is not None else {}), **output.worker_env()}
+        specs = self._specs(holdings, workers, routes, shared, number, master_port)
+        calls = [self._cluster.call(actor, "setup", spec) for actor, spec in zip(actors, specs)]
+        return self._await(workers, calls, "initialised", holdings.agents)
 
     def restart(self, node_order: Sequence[str]) -> None:
         """For the next attempt: the node order to keep, and the backend's driver side anew."""
         self._node_order = tuple(node_order)
         self._hooks.stop()
 
-    def _specs(self, holdings: Holdings, world: World, master_port: int) -> List[WorkerSpec]:
+    def _specs(
+        self,
+        holdings: Holdings,
+        workers: Sequence[WorkerInfo],
+        routes: Sequence[RankRoute],
+        shared: Mapping[str, str],
+        number: int,
+        master_port: int,
+    ) -> List[WorkerSpec]:
         """Each rank's spec: torchrun's variables, the node's visible devices
         and this worker's device index, the backend's variables (its driver
-        side starts here), the output markers, the pdb relay, then the user's ``env``."""
-        workers, config = world.workers, self.config
+        side starts here), the output markers and the pdb relay (``shared``),
+        then the user's ``env``."""
+        config = self.config
         extra = self._hooks.start(workers)
-        shared = {**self._extra_env, **(world.relay.env() if world.relay is not None else {}), **world.output.worker_env()}
         init_kwargs = self._hooks.init_kwargs()
         return [
             WorkerSpec(
@@ -258,12 +271,12 @@ class GroupBuilder:
                     master_addr=workers[0].node_ip,
                     master_port=master_port,
                     run_id=self._logs.run_id,
-                    restart_count=world.attempt,
+                    restart_count=number,
                     config=config,
                     accelerator=holdings.accelerator,
                     cpus=holdings.bundle.get("CPU", 1),
-                    extra={**shared, **backend_env, **_output_env(world, worker)},
-                    error_file=_error_file(holdings, world, worker),
+                    extra={**shared, **backend_env, **_output_env(routes, worker)},
+                    error_file=_error_file(holdings, routes, worker),
                 ),
                 config=config,
                 device_type=holdings.accelerator.device_type,
@@ -290,21 +303,23 @@ class GroupBuilder:
         return waited.results
 
 
-def _error_file(holdings: Holdings, world: World, worker: WorkerInfo) -> Optional[str]:
+def _error_file(holdings: Holdings, routes: Sequence[RankRoute], worker: WorkerInfo) -> Optional[str]:
     """The rank's error.json in its attempt directory, as torchrun puts it,
     when that directory is on the rank's machine (the driver's node)."""
-    route = world.routes[worker.rank] if worker.rank < len(world.routes) else None
+    route = routes[worker.rank] if worker.rank < len(routes) else None
     if route is None or route.directory is None or worker.node_id != holdings.agents.local_node:
         return None
     return os.path.join(route.directory, "error.json")
 
 
-def _output_env(world: World, worker: WorkerInfo) -> Dict[str, str]:
-    route = world.routes[worker.rank] if worker.rank < len(world.routes) else None
+def _output_env(routes: Sequence[RankRoute], worker: WorkerInfo) -> Dict[str, str]:
+    route = routes[worker.rank] if worker.rank < len(routes) else None
     return {TRACEBACK_TO_STDERR_VAR: "1"} if route is not None and route.stderr.file else {}
 
 
-def watchers(config: RunConfig, holdings: Holdings, world: World, stop_group: Callable[[], None]) -> Dict[str, Any]:
+def watchers(
+    config: RunConfig, holdings: Holdings, world: World, stop_group: Callable[[], None]
+) -> Tuple[GroupWatcher, Optional[StragglerWatch]]:
     """``world``'s watchers, started: drains (warn the ranks on a draining
     node; with restart_to_grow, stop the group to grow) and stragglers."""
     workers, request, sizes = world.workers, holdings.request, config.worker_range
@@ -324,7 +339,7 @@ def watchers(config: RunConfig, holdings: Holdings, world: World, stop_group: Ca
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
     drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster).start()
     watch = StragglerWatch(workers, world.agents, holdings.cluster).start() if config.flight_recorder else None
-    return {"drains": drains, "watch": watch}
+    return drains, watch
 
 
 def _still_starting(workers: Sequence[WorkerInfo], indices: List[int], stage: str) -> List[str]:

@@ -1,19 +1,18 @@
 """One attempt's world: who holds which rank, and everything that watches them.
 
-A ``World`` is built whole by ``GroupBuilder`` (at the start, and by each
-warm restart), never changed, and replaced whole by the next attempt. What
-belongs to it ends with it (``end``): its drain watcher, its straggler
-watch, its pdb relay, its output routes, and whatever was ``attach``-ed to
-it. The group's cluster holdings that outlive a world (placement group,
+A ``World`` is built once by ``GroupBuilder`` (at the start, and by each
+restart), never changed, and replaced whole by the next attempt. What
+belongs to it ends with it (``end``): its ``Watchers`` (drain watcher,
+straggler watch, pdb relay, and whatever was attached to it) and its
+output (``GroupOutput``, which closes once). The group's cluster holdings that outlive a world (placement group,
 spares, node agents) are ``startup.Holdings``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raydist.errors import COLLECTIVES_HEADER
 from raydist.pool.driver.agents import NodeAgents
@@ -26,7 +25,6 @@ from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.hangs import where_collectives_are
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.stragglers import Straggler
-from raydist.pool.worker.markers import Printed
 
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
@@ -39,18 +37,48 @@ class Attachment(Protocol):
     def stop(self) -> None: ...
 
 
-class _Ending:
-    """A world's one-time end (its fields are frozen; this is not)."""
+class Watchers:
+    """What watches one world and ends with it: its pdb relay, its drain
+    watcher and straggler watch (started once the world is up), and whatever
+    was attached to it. Stopped once; nothing is attached after."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.output_closed = False
+    def __init__(self, relay: Optional[DebugRelay] = None):
+        self.relay = relay  # pdb on any rank reaches the driver's terminal
+        self.drains: Optional[GroupWatcher] = None  # node drains (and room to grow)
+        self.watch: Optional[StragglerWatch] = None  # None with flight_recorder=False
+        self._attached: Dict[str, Attachment] = {}
+        self._lock = threading.Lock()
         self.ended = False
+
+    def start(self, drains: Optional[GroupWatcher], watch: Optional[StragglerWatch]) -> None:
+        self.drains, self.watch = drains, watch
+
+    def attach(self, name: str, thing: Attachment) -> None:
+        """Keep ``thing`` under ``name`` until the world ends; RuntimeError once it has."""
+        with self._lock:
+            if self.ended:
+                raise RuntimeError("this WorkerGroup has no running world to attach to")
+            self._attached[name] = thing
+
+    def attached(self, name: str) -> Optional[Attachment]:
+        with self._lock:
+            return self._attached.get(name)
+
+    def stop(self) -> None:
+        """Stop every watcher (returns at once); what they saw is kept."""
+        with self._lock:
+            self.ended = True
+            attached = list(self._attached.values())
+        for watcher in (self.drains, self.watch, *attached):
+            if watcher is not None:
+                watcher.stop()
+        if self.relay is not None:
+            self.relay.stop()
 
 
 @dataclass(frozen=True)
 class World:
-    """One attempt's ranks and their watchers (see the module docstring)."""
+    """One attempt's ranks and what watches them (see the module docstring)."""
 
     attempt: int  # TORCHELASTIC_RESTART_COUNT of this world
     actors: Tuple[Any, ...]  # by rank
@@ -59,20 +87,12 @@ class World:
     routes: Tuple[RankRoute, ...]  # by rank: where its output goes
     output: GroupOutput
     agents: NodeAgents  # the group's node agents (shared by its worlds): the reads go through them
-    relay: Optional[DebugRelay] = None  # pdb on any rank reaches the driver's terminal
-    drains: Optional[GroupWatcher] = None  # node drains (and room to grow)
-    watch: Optional[StragglerWatch] = None  # None with flight_recorder=False
+    watchers: Watchers = field(default_factory=Watchers)
     flight_recorder: bool = True
-    attached: Mapping[str, Attachment] = field(default_factory=dict)
-    _ending: _Ending = field(default_factory=_Ending, compare=False, repr=False)
 
     @property
     def size(self) -> int:
         return len(self.workers)
-
-    def attach(self, name: str, thing: Attachment) -> "World":
-        """This world with ``thing`` kept under ``name``, stopped when the world ends."""
-        return dataclasses.replace(self, attached={**self.attached, name: thing}, _ending=self._ending)
 
     # -- reads -------------------------------------------------------------
 
@@ -96,51 +116,38 @@ class World:
         return f"{stacks}\n{COLLECTIVES_HEADER}\n{collectives}" if collectives else stacks
 
     def stragglers(self, refresh: bool) -> List[Straggler]:
-        if self.watch is None:
+        watch = self.watchers.watch
+        if watch is None:
             return []
-        return self.watch.poll() if refresh and not self.ended else list(self.watch.stragglers)
+        return watch.poll() if refresh and not self.ended else list(watch.stragglers)
 
     @property
     def drained(self) -> Mapping[str, float]:
-        return dict(self.drains.drained) if self.drains is not None else {}
+        drains = self.watchers.drains
+        return dict(drains.drained) if drains is not None else {}
 
     @property
     def grow_by(self) -> int:
-        return self.drains.grow_by if self.drains is not None else 0
+        drains = self.watchers.drains
+        return drains.grow_by if drains is not None else 0
 
     # -- end ---------------------------------------------------------------
 
     @property
     def ended(self) -> bool:
-        return self._ending.ended
+        return self.watchers.ended
 
     def settle_output(self, call: int, results: Sequence[Any], failed_ranks: Sequence[int] = ()) -> List[Any]:
         """Call ``call``'s values once its output arrived (see ``GroupOutput.settle``)."""
-        if self._ending.output_closed:  # the group was shut down after the call finished
-            return [value.value if isinstance(value, Printed) else value for value in results]
         return self.output.settle(call, results, failed_ranks)
 
     def close_output(self, call: Optional[int] = None, results: Sequence[Any] = (), failed_ranks: Sequence[int] = ()) -> None:
         """The last call's lines (``call``, if given), then this attempt's files closed; once."""
-        with self._ending.lock:
-            if self._ending.output_closed:
-                return
-            self._ending.output_closed = True
-        try:
-            if call is not None:
-                self.output.settle(call, results, failed_ranks)
-        finally:
-            self.output.close()
+        self.output.close(call, results, failed_ranks)
 
     def stop_watching(self) -> None:
         """Stop every watcher of this world (returns at once); what they saw is kept."""
-        with self._ending.lock:
-            self._ending.ended = True
-        for watcher in (self.drains, self.watch, *self.attached.values()):
-            if watcher is not None:
-                watcher.stop()
-        if self.relay is not None:
-            self.relay.stop()
+        self.watchers.stop()
 
     def end(self) -> None:
         """Everything of this world stopped and closed; safe to call more than once."""

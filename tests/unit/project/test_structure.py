@@ -254,3 +254,21 @@ def test_one_module_decides_restarts() -> None:
         if isinstance(node, ast.ImportFrom) and node.module == "raydist.pool.rules.policy" and any(a.name == "decide" for a in node.names)
     }
     assert askers == {"raydist.pool.driver.attempts"}
+
+
+def test_a_world_is_built_once_and_never_changed() -> None:
+    """``World`` is frozen with no private fields (no end state riding inside
+    it), and nothing makes a changed copy of one: what changes while a world
+    runs (its watchers, its attachments, its output's end) has its own owner."""
+    import dataclasses
+
+    from raydist.pool.driver.world import World
+
+    assert World.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert [f.name for f in dataclasses.fields(World) if f.name.startswith("_")] == []
+    copies = [
+        name
+        for name, tree in MODULES.items()
+        if "dataclasses.replace(world" in ast.unparse(tree) or "replace(self, attached" in ast.unparse(tree)
+    ]
+    assert copies == []
