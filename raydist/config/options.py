@@ -105,10 +105,6 @@ class RunConfig:
             return None
         return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
 
-    @property
-    def horovod(self) -> bool:
-        return self.backend == "horovod"
-
     def replace(self, **changes: Any) -> "RunConfig":
         """A copy with ``changes`` applied (and checked)."""
         return dataclasses.replace(self, **changes)

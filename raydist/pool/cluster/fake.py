@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.errors import InfeasibleResourcesError
@@ -31,7 +32,7 @@ from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 
-KINDS = ("raise", "die", "hang", "lose-node", "drain-node", "act", "interrupt")
+KINDS = ("raise", "die", "hang", "slow", "lose-node", "drain-node", "act", "interrupt")
 
 
 @dataclass(eq=False)
@@ -39,7 +40,7 @@ class Fault:
     """On the ``nth`` (0: first) call of ``method`` on the worker ``who`` names,
     ``kind`` happens: ``raise`` (the call raises: the user's code, or raydist's
     own step), ``die`` (its process is killed: ``exit_code``), ``hang`` (the
-    call never returns), ``lose-node`` / ``drain-node`` (its node), ``act``
+    call never returns), ``slow`` (it returns after ``seconds``), ``lose-node`` / ``drain-node`` (its node), ``act``
     (``action`` runs, as another thread would, before the call), ``interrupt``
     (Ctrl-C: the engine's wait raises KeyboardInterrupt). ``who``: the
     worker's rank once it has one, its slot before; None: any worker."""
@@ -50,25 +51,20 @@ class Fault:
     nth: int = 0
     action: Optional[Callable[[], None]] = None
     exit_code: int = -9
-    seen: int = field(default=0, compare=False)
+    seconds: float = 0.0  # how long a "slow" call takes
     fired: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Fault kind must be one of {KINDS}, got {self.kind!r}")
 
-    def strikes(self, worker: FakeWorker, method: str) -> bool:
-        """Whether this call is the one (counting every matching call once)."""
-        if self.fired or method != self.method:
+    def strikes(self, method: str, who: int, counts: Mapping[Tuple[str, Optional[int]], int]) -> bool:
+        """Whether this call (of ``method`` on worker ``who``) is the one:
+        ``counts`` says how many such calls came before it (per worker, and on any)."""
+        if self.fired or method != self.method or self.who not in (None, who):
             return False
-        who = worker.rank if worker.rank is not None else worker.slot
-        if self.who is not None and who != self.who:
-            return False
-        self.seen += 1
-        if self.seen - 1 != self.nth:
-            return False
-        self.fired = True
-        return True
+        self.fired = counts.get((method, self.who), 0) == self.nth
+        return self.fired
 
 
 class FakeCluster:
@@ -78,6 +74,7 @@ class FakeCluster:
         self.nodes = FakeNodes(nodes)
         self.faults = list(faults)
         self.fired: List[Fault] = []  # the faults that struck, in the order they did
+        self._counts: Dict[Tuple[str, Optional[int]], int] = {}  # calls run so far, by (method, worker) and (method, any)
         self.clock = VirtualClock()
         self.connected = True
         self._table: Dict[bytes, Any] = {}  # what pickle() stood for
@@ -224,7 +221,7 @@ class FakeCluster:
     def _run(self, call: FakeCall) -> None:
         """Run ``call``, or do what the fault that strikes it says instead."""
         process = call.process
-        fault = next((f for f in self.faults if isinstance(process, FakeWorker) and f.strikes(process, call.method)), None)
+        fault = self._strike(call)
         kind = fault.kind if fault is not None else None
         if fault is not None:
             self.fired.append(fault)
@@ -237,11 +234,29 @@ class FakeCluster:
             self.processes.end(process, f"the worker died unexpectedly (exit code {fault.exit_code})", fault.exit_code)  # type: ignore[union-attr]
         elif kind == "lose-node":
             self.lose_node(process.node_id)
-        elif kind == "hang":
+        elif kind in ("hang", "slow"):
             call.state = "hung"
+            if kind == "slow":
+                self.clock.after(fault.seconds, partial(self._finish_slow, call), "fake-slow-call")  # type: ignore[union-attr]
         else:
             raising = RuntimeError(f"fault injected into {call.method} (rank/slot {fault.who})") if fault and kind == "raise" else None
             self.processes.run(call, self.time(), raising)
+
+    def _strike(self, call: FakeCall) -> Optional[Fault]:
+        """The fault for this call, if one strikes it; the worker's calls of its method counted."""
+        process = call.process
+        if not isinstance(process, FakeWorker):
+            return None
+        who = process.rank if process.rank is not None else process.slot
+        fault = next((f for f in self.faults if f.strikes(call.method, who, self._counts)), None)
+        for key in ((call.method, who), (call.method, None)):
+            self._counts[key] = self._counts.get(key, 0) + 1
+        return fault
+
+    def _finish_slow(self, call: FakeCall) -> None:
+        with self._lock:
+            if call.state == "hung":  # (else its process died meanwhile)
+                self.processes.run(call, self.time())
 
     # -- what happens to nodes and processes, and what is left ----------------
     def lose_node(self, node_id: str) -> None:
@@ -269,4 +284,4 @@ class FakeCluster:
         """Everything still alive or held: workers, agents, placements, timers (empty after a clean shutdown)."""
         alive = self.processes.alive()
         held = [f"reservation #{r.number}" for r in self.nodes.reservations if not r.freed]
-        return alive + held + [f"timer {name}" for name in self.clock.pending()]
+        return alive + held + [f"timer {name}" for name in self.clock.pending() if not name.startswith("fake-")]
