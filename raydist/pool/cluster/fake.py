@@ -8,7 +8,7 @@ when the engine waits with a timeout and nothing it waits for can end; the
 engine's timers (polls, spare refills) run at their virtual moment. So the
 same test, with the same ``Fault`` list, takes the same path every time.
 
-``Fault`` makes something go wrong at a chosen moment: the ``nth`` call of a
+``Fault`` (``raydist.pool.cluster.fake_faults``) makes something go wrong at a chosen moment: the ``nth`` call of a
 method on a chosen worker raises, kills its process, never returns, takes
 its node down or starts draining it, or runs an action (``shutdown()`` from
 another thread). The ``Ledger`` lists what is still alive or held, so that
@@ -19,12 +19,11 @@ end raises ``EngineStuck``.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.clock import EPOCH, VirtualClock, VirtualTimer
+from raydist.pool.cluster.fake_faults import Fault, FaultBook
 from raydist.pool.cluster.fake_nodes import DRIVER_NODE, FakeNodes, FakeReservation
 from raydist.pool.cluster.fake_processes import FakeCall, FakeProcesses
 from raydist.pool.cluster.fake_worker import FakeAgent, FakeProcess, FakeWorker
@@ -32,49 +31,13 @@ from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 
-KINDS = ("raise", "die", "hang", "slow", "lose-node", "drain-node", "act", "interrupt")
-
-
-@dataclass(eq=False)
-class Fault:
-    """On the ``nth`` (0: first) call of ``method`` on the worker ``who`` names,
-    ``kind`` happens: ``raise`` (the call raises: the user's code, or raydist's
-    own step), ``die`` (its process is killed: ``exit_code``), ``hang`` (the
-    call never returns), ``slow`` (it returns after ``seconds``), ``lose-node`` / ``drain-node`` (its node), ``act``
-    (``action`` runs, as another thread would, before the call), ``interrupt``
-    (Ctrl-C: the engine's wait raises KeyboardInterrupt). ``who``: the
-    worker's rank once it has one, its slot before; None: any worker."""
-
-    method: str
-    kind: str
-    who: Optional[int] = None
-    nth: int = 0
-    action: Optional[Callable[[], None]] = None
-    exit_code: int = -9
-    seconds: float = 0.0  # how long a "slow" call takes
-    fired: bool = field(default=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"Fault kind must be one of {KINDS}, got {self.kind!r}")
-
-    def strikes(self, method: str, who: int, counts: Mapping[Tuple[str, Optional[int]], int]) -> bool:
-        """Whether this call (of ``method`` on worker ``who``) is the one:
-        ``counts`` says how many such calls came before it (per worker, and on any)."""
-        if self.fired or method != self.method or self.who not in (None, who):
-            return False
-        self.fired = counts.get((method, self.who), 0) == self.nth
-        return self.fired
-
 
 class FakeCluster:
     """An in-memory cluster of ``nodes`` (name -> resources), plus the driver's node."""
 
     def __init__(self, nodes: Mapping[str, Mapping[str, float]], faults: Sequence[Fault] = ()):
         self.nodes = FakeNodes(nodes)
-        self.faults = list(faults)
-        self.fired: List[Fault] = []  # the faults that struck, in the order they did
-        self._counts: Dict[Tuple[str, Optional[int]], int] = {}  # calls run so far, by (method, worker) and (method, any)
+        self.faults = FaultBook(faults)
         self.clock = VirtualClock()
         self.connected = True
         self._table: Dict[bytes, Any] = {}  # what pickle() stood for
@@ -123,14 +86,7 @@ class FakeCluster:
 
     # -- placement ------------------------------------------------------------
     def reserve(self, request: Request, timeout: float) -> Tuple[FakeReservation, int]:
-        reason = request.infeasibility(self.nodes.usable())
-        if reason is not None:
-            raise InfeasibleResourcesError(reason)
-        deadline = self.clock.now + timeout
-        while (reservation := self.nodes.reserve_now(request)) is None:
-            if self.clock.now >= deadline:
-                raise InfeasibleResourcesError(f"gave up after {timeout:g} s waiting for room (fake cluster)")
-            self.sleep(min(1.0, deadline - self.clock.now))
+        reservation = self.nodes.reserve(request, timeout, self.monotonic, self.sleep)
         return reservation, len(reservation.nodes)
 
     def bundle_nodes(self, reservation: Optional[FakeReservation]) -> Dict[int, str]:
@@ -221,10 +177,8 @@ class FakeCluster:
     def _run(self, call: FakeCall) -> None:
         """Run ``call``, or do what the fault that strikes it says instead."""
         process = call.process
-        fault = self._strike(call)
+        fault = self.faults.strike(call.method, process) if isinstance(process, FakeWorker) else None
         kind = fault.kind if fault is not None else None
-        if fault is not None:
-            self.fired.append(fault)
         if fault is not None and fault.action is not None:
             self.clock.soon(fault.action)  # "act": as another thread, before the call runs
         self._interrupted |= kind == "interrupt"
@@ -241,17 +195,6 @@ class FakeCluster:
         else:
             raising = RuntimeError(f"fault injected into {call.method} (rank/slot {fault.who})") if fault and kind == "raise" else None
             self.processes.run(call, self.time(), raising)
-
-    def _strike(self, call: FakeCall) -> Optional[Fault]:
-        """The fault for this call, if one strikes it; the worker's calls of its method counted."""
-        process = call.process
-        if not isinstance(process, FakeWorker):
-            return None
-        who = process.rank if process.rank is not None else process.slot
-        fault = next((f for f in self.faults if f.strikes(call.method, who, self._counts)), None)
-        for key in ((call.method, who), (call.method, None)):
-            self._counts[key] = self._counts.get(key, 0) + 1
-        return fault
 
     def _finish_slow(self, call: FakeCall) -> None:
         with self._lock:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.fake_worker import node_ip
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request, elastic_size
@@ -63,6 +64,19 @@ class FakeNodes:
 
     def room_for(self, request: Request, taken: Sequence[str] = ()) -> int:
         return request.room(self.free(), self.usable(), taken)
+
+    def reserve(self, request: Request, timeout: float, now: Callable[[], float], sleep: Callable[[float], None]) -> FakeReservation:
+        """The request's bundles once they fit (InfeasibleResourcesError at once when
+        they never can, or after ``timeout`` seconds of the cluster's clock)."""
+        reason = request.infeasibility(self.usable())
+        if reason is not None:
+            raise InfeasibleResourcesError(reason)
+        deadline = now() + timeout
+        while (reservation := self.reserve_now(request)) is None:
+            if now() >= deadline:
+                raise InfeasibleResourcesError(f"gave up after {timeout:g} s waiting for room (fake cluster)")
+            sleep(min(1.0, deadline - now()))
+        return reservation
 
     def reserve_now(self, request: Request) -> Optional[FakeReservation]:
         """The request's bundles, placed, if they fit now (an elastic size: as many as fit)."""

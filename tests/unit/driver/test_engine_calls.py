@@ -72,13 +72,13 @@ def test_code_that_raised_is_retried_only_when_asked_and_the_error_lists_every_a
             RunController(cluster, RunConfig(num_workers=2, max_restarts=2, flight_recorder=False), True),
             prepare_call(cluster, current_rank),
         )
-    assert not caught.value.attempts and len(cluster.fired) == 1  # not retried
+    assert not caught.value.attempts and len(cluster.faults.fired) == 1  # not retried
     cluster = FakeCluster(NODES, [Fault("execute", "raise", who=0, nth=n) for n in range(3)])
     config = RunConfig(num_workers=2, max_restarts=2, retry_on_exception=True, flight_recorder=False)
     with pytest.raises(WorkerGroupError) as caught:
         run_call(RunController(cluster, config, True), prepare_call(cluster, current_attempt))
     message = str(caught.value)
-    assert len(caught.value.attempts) == 2 and len(cluster.fired) == 3
+    assert len(caught.value.attempts) == 2 and len(cluster.faults.fired) == 3
     for attempt in (0, 1):
         assert re.search(rf"attempt {attempt}: rank 0: RuntimeError: fault injected", message), message
     assert cluster.leftovers() == []

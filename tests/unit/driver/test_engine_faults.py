@@ -326,7 +326,7 @@ def test_random_fault_schedules_keep_the_engines_promises(faults: List[Fault], m
         assert outcome.attempt <= allowed and low <= outcome.size <= high, outcome
     else:
         assert issubclass(outcome.error, ENDINGS), outcome
-    if mode == "none" and len(cluster.fired) == 1:
-        fault = cluster.fired[0]
+    if mode == "none" and len(cluster.faults.fired) == 1:
+        fault = cluster.faults.fired[0]
         if fault.kind in ("raise", "die") and fault.method in ("setup", "execute"):
             assert isinstance(outcome, Fails) and f"root cause: rank {fault.who} " in outcome.says, (fault, outcome)

@@ -99,7 +99,7 @@ def test_a_spare_takes_a_dead_ranks_place_and_a_new_spare_starts_after_the_delay
 def test_new_room_restarts_an_elastic_group_larger_not_counted() -> None:
     cluster = FakeCluster({"node-a": {"CPU": 2}})
     arrive = Fault("execute", "act", who=0, action=lambda: cluster.add_node("node-b", {"CPU": 2}))
-    cluster.faults += [arrive, Fault("execute", "hang", who=1)]  # the call runs on until the group restarts
+    cluster.faults.add(arrive, Fault("execute", "hang", who=1))  # the call runs on until the group restarts
     config = RunConfig(num_workers=(2, 4), restart_to_grow=True, max_restarts=0, flight_recorder=False)
     values = run_call(
         RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
