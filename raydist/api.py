@@ -48,6 +48,6 @@ def run(
     """
     config = make_config(config, options)
     data = check_datasets(datasets, dataset_config)
-    # Checked and pickled once, before Ray is touched; every attempt sends the same bytes.
     cluster = RayCluster()
-    return run_call(RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, fn, args, kwargs), data)
+    call = prepare_call(cluster, fn, args, kwargs)  # checked and pickled once, before Ray is touched; every attempt sends these bytes
+    return run_call(RunController(cluster, config, fresh_restarts=True), call, data)
