@@ -128,6 +128,7 @@ def finish(outcome: Dict[str, Any], timeout: float = 180) -> List[Dict[str, Any]
     return outcome["results"]
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_faults elastic rows; a real elastic start: test_losing_a_node_restarts_with_the_workers_that_fit
 def test_min_max_starts_as_many_as_fit(cluster: Any) -> None:
     wait_until_idle()
     results = raydist.run(where, num_workers=(2, 6), resources_per_worker=WHOLE_NODE)

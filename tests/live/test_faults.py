@@ -75,6 +75,7 @@ def sleep_on_rank_zero() -> int:
     return dist.get_rank()
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_the_groups_own_timeout_tears_down...; real stacks: test_diagnostics::test_timeout_names_where_each_rank_was_and_marks_the_odd_one
 @pytest.mark.usefixtures("ray_local")
 def test_timeout_names_unfinished_ranks_and_tears_down() -> None:
     start = time.monotonic()
@@ -91,6 +92,7 @@ def raise_on_every_rank() -> None:
     raise KeyError("same on all")
 
 
+@pytest.mark.soak  # make test: the grouping is tests/unit/rules (format_failures); real ranks raising: test_group::test_failed_run_names_rank_and_node_and_leaves_nothing_behind
 @pytest.mark.usefixtures("ray_local")
 def test_identical_tracebacks_are_shown_once_with_rank_list() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
@@ -112,7 +114,9 @@ def crash_once(how: str) -> List[Any]:
 
 
 @pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize(("how", "mode"), [("exit", "warm"), ("sigkill", "fresh")])
+@pytest.mark.parametrize(
+    ("how", "mode"), [pytest.param("exit", "warm", marks=pytest.mark.soak), ("sigkill", "fresh")]
+)  # warm: test_warm_restarts
 def test_restart_after_crash_reruns_on_a_new_group(how: str, mode: str) -> None:
     results = raydist.run(crash_once, num_workers=2, args=(how,), max_restarts=2, restart_mode=mode)
     assert [r[:3] for r in results] == [[0, 1, "2"], [1, 1, "2"]]
@@ -123,6 +127,7 @@ def always_raise() -> None:
     raise RuntimeError(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} failed")
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_code_that_raised_is_retried_only_when_asked_and_the_error_lists_every_attempt
 @pytest.mark.usefixtures("ray_local")
 def test_user_exception_is_not_retried_unless_asked() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:
@@ -145,7 +150,7 @@ def maybe_fail(index: int) -> int:
 
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(900)  # up to 30 runs of 2 fresh workers: 5-6 s each on 2 cores, more while the host steals them
-@repeats(2, 30)  # quick: one failing run and one that succeeds
+@repeats(0, 30)  # soak only: make test leak-checks every run it makes, and test_engine_faults' schedules check the ledger
 def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
     for index in range(repeat):
         if index % 3 == 0:
@@ -192,7 +197,7 @@ def wait_for_line(driver: "subprocess.Popen[str]", text: str, count: int = 1) ->
 
 
 @pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize("ready", [1, 2])
+@pytest.mark.parametrize("ready", [1, pytest.param(2, marks=pytest.mark.soak)])
 def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> None:
     """`raydist run` started with SIGINT ignored stops on SIGINT all the same, as torchrun does,
     also while a rank has not started the script yet (``ready`` 1: killed, not waited for)."""
@@ -247,6 +252,7 @@ def test_ctrl_c_in_a_python_driver_kills_every_worker() -> None:
 # -- infeasible requests: a cluster with 2 (fake) GPUs -------------------------
 
 
+@pytest.mark.soak  # make test: tests/unit/rules (sizing feasibility) and test_bundle_bigger_than_any_node_fails_fast on a real cluster
 @pytest.mark.nodes({"num_cpus": 4, "num_gpus": 2})
 @pytest.mark.usefixtures("cluster")
 def test_more_gpus_than_the_cluster_has_fails_fast() -> None:
@@ -318,6 +324,7 @@ def test_autoscaler_detection_that_cannot_read_the_cluster_warns_and_waits(
     assert "no GCS client in this Ray" in caplog.text
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_faults rows starting-hang and initialising-hang
 def test_start_up_timeout_names_the_stage_and_who_is_still_starting() -> None:
     from raydist.errors import WorkerGroupTimeout, WorkerStartupTimeout
 

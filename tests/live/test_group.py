@@ -44,7 +44,9 @@ def rank_sum_and_objects() -> Dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("num_workers", [2, 3])  # even and odd (a 4-rank world: test_default_num_workers_is_one_per_cpu_slot)
+@pytest.mark.parametrize(
+    "num_workers", [2, pytest.param(3, marks=pytest.mark.soak)]
+)  # even and odd (a 4-rank world: test_default_num_workers_is_one_per_cpu_slot)
 def test_run_returns_rank_ordered_results_and_collectives_work(num_workers: int) -> None:
     results = raydist.run(rank_sum_and_objects, num_workers=num_workers)
     expected_sum = num_workers * (num_workers + 1) / 2
@@ -126,6 +128,7 @@ def wait_done(future: "raydist.WorkerFuture", timeout: float = 60) -> None:
         time.sleep(0.05)  # polling, with a deadline
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_a_finished_calls_values_survive_the_cancel_of_a_later_call
 def test_a_finished_calls_values_survive_the_cancel_of_a_later_call() -> None:
     group = raydist.WorkerGroup(2)
     try:

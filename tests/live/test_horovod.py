@@ -91,7 +91,7 @@ def reinit_and_allreduce(iterations: int) -> List[float]:
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_workers", [2, 3])
-@repeats(10, 200)
+@repeats(2, 200)
 def test_horovod_reinit_200_times_without_a_failed_rendezvous(num_workers: int, repeat: int) -> None:
     # With horovod's stock handler a stale local_<host> scope makes some init
     # connect to a peer's previous address; here every init must succeed.

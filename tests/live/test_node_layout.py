@@ -166,6 +166,7 @@ def test_more_nodes_than_can_hold_them_fails_at_once_naming_the_nodes(cluster: A
     assert live_placement_groups() == []
 
 
+@pytest.mark.soak  # make test: label matching in tests/unit/rules (sizing), a real selection by test_an_excluded_node_is_never_used
 def test_a_label_selector_is_honoured(cluster: Any) -> None:
     ids = node_ids(cluster)
     ranks = raydist.run(seen, num_nodes=2, workers_per_node=1, accelerator="cpu", label_selector={"zone": "a"})

@@ -82,7 +82,7 @@ def groups() -> Any:
     by_pickle.shutdown()
 
 
-@pytest.mark.parametrize("kind", ["dict", "numpy", "tensor", "nested", "none"])
+@pytest.mark.parametrize("kind", ["dict", "tensor", *(pytest.param(k, marks=pytest.mark.soak) for k in ("numpy", "nested", "none"))])
 def test_object_store_path_matches_pickling_path(groups: Any, kind: str) -> None:
     by_reference, by_pickle = groups
     stored: List[Dict[str, Any]] = by_reference.run(run_collectives, args=(kind,))

@@ -86,9 +86,10 @@ def reference(reference_dir: Path) -> List[Dict[str, Any]]:
 @pytest.mark.parametrize(
     "options",
     [
-        pytest.param({"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, id="warm-spare"),
+        # make test: warm; the spare's and the fresh restart's bookkeeping is the engine's (test_engine_faults rows)
+        pytest.param({"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, id="warm-spare", marks=pytest.mark.soak),
         pytest.param({}, id="warm"),
-        pytest.param({"restart_mode": "fresh"}, id="fresh"),
+        pytest.param({"restart_mode": "fresh"}, id="fresh", marks=pytest.mark.soak),
     ],
 )
 def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], options: Dict[str, Any]) -> None:
@@ -99,7 +100,7 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
     assert_nothing_left(within=30, files=False)  # the run's keeper went with it (a crashed rank's files may stay)
 
 
-@pytest.mark.parametrize("mode", ["warm", "fresh"])
+@pytest.mark.parametrize("mode", ["warm", pytest.param("fresh", marks=pytest.mark.soak)])  # make test: warm
 def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, Any]], mode: str, tmp_path: Path) -> None:
     out = tmp_path / "rank0.pt"
     result = subprocess.run(
@@ -222,6 +223,7 @@ def save_big(saves: int, megabytes: int) -> Dict[str, int]:
     return {"most": most}
 
 
+@pytest.mark.soak  # a repetition; make test: test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_step saves and is leak-checked
 def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -> None:
     before = store_bytes()  # the shared Ray may hold other tests' objects
     results = raydist.run(save_big, args=(50, 100), num_workers=2)

@@ -217,6 +217,7 @@ def sleep_then_rank(seconds: float) -> int:
     return dist.get_rank()
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_a_result_timeout_leaves_the_call_running_as_concurrent_futures_does
 def test_result_timeout_leaves_the_call_running_as_concurrent_futures_does() -> None:
     with raydist.WorkerGroup(1) as group:
         future = group.submit(sleep_then_rank, args=(3,))
@@ -227,6 +228,7 @@ def test_result_timeout_leaves_the_call_running_as_concurrent_futures_does() -> 
         assert group.run(sleep_then_rank, args=(0,)) == [0]  # the group lives on
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_the_groups_own_timeout_tears_down_and_asking_again_gives_the_same_error
 def test_the_groups_own_timeout_tears_down_and_asking_again_gives_the_same_error() -> None:
     group = raydist.WorkerGroup(1, timeout=1)
     future = group.submit(sleep_then_rank, args=(60,))

@@ -113,6 +113,7 @@ def stuck_survivor(spins: int = 2) -> int:
     return os.getpid()
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_faults settling-hang rows (a survivor past survivor_timeout is replaced)
 @pytest.mark.usefixtures("ray_local")
 def test_a_survivor_stuck_past_the_bound_is_replaced_and_a_call_sent_meanwhile_runs_in_the_new_world(
     caplog: pytest.LogCaptureFixture,
@@ -146,6 +147,7 @@ def test_a_survivor_stuck_past_the_bound_is_replaced_and_a_call_sent_meanwhile_r
     assert_nothing_left(within=30)  # a restart tears the old world down in the background
 
 
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_group::test_a_shutdown_during_a_warm_restart_ends_it_and_raises_the_failure
 @pytest.mark.usefixtures("ray_local")
 def test_shutdown_from_another_thread_never_waits_on_a_restart() -> None:
     group = raydist.WorkerGroup(2, max_restarts=1, survivor_timeout=30.0)
