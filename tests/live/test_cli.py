@@ -5,17 +5,17 @@ the command line stays the one torchrun takes), which saves each case a
 private Ray's start; ``test_sys_exit_code_becomes_the_exit_status`` covers
 that start itself (``--standalone``). RAY_TMPDIR points at a private
 directory, so a run that should start no Ray is seen to start none. The
-job-submission test starts a real head with ``ray start --block`` and, at the
-end, stops exactly the processes that head started (see ``RayHead``).
+token and job-submission tests use a real head, ``ray start --block``, of
+their own that serves on every port before they use it and ends with them
+(``ray_head.RayHead``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +23,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence
 
+import psutil
 import pytest
+import ray_head
 from conftest import assert_nothing_left, ray_address
+from ray_head import RayHead
 
 from raydist.cli import build_parser, split_script_args
 
@@ -79,12 +82,6 @@ def closed_port() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     return sock
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- command line, no Ray ---------------------------------------------------
@@ -350,148 +347,6 @@ def test_each_attempt_has_its_log_directory(attached_env: Dict[str, str], tmp_pa
 # -- ray job submit on a real local cluster ----------------------------------
 
 
-class RayHead:
-    """A head node from ``ray start --head --block`` with token auth, in a temp
-    dir of its own.
-
-    ``stop`` does not use ``ray stop``, which stops every Ray on the machine
-    (other tests' included). It sends SIGTERM to the blocking ``ray start``,
-    which shuts down the processes it started; then it kills whatever is left
-    of that process tree and of processes naming this head's temp dir, and
-    nothing else.
-    """
-
-    def __init__(self) -> None:
-        self.temp_dir = short_tmpdir()
-        self.dashboard_port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
-        # Token auth stays on, with a token of this test's (no file in $HOME).
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-        # Jobs inherit the head's environment: the entrypoint's python must be this one.
-        self.env["PATH"] = os.pathsep.join([str(BIN), self.env.get("PATH", "")])
-        self.gcs_port = free_port()
-        ports = {
-            "port": self.gcs_port,
-            "dashboard-port": self.dashboard_port,
-            # Fixed by default (10001, 52365): free ones let other Rays run alongside.
-            "ray-client-server-port": free_port(),
-            "dashboard-agent-listen-port": free_port(),
-            "dashboard-agent-grpc-port": free_port(),
-            "runtime-env-agent-port": free_port(),
-            "metrics-export-port": free_port(),
-        }
-        command = [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--disable-usage-stats",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--dashboard-host",
-            "127.0.0.1",
-            "--num-cpus",
-            "4",
-            "--num-gpus",
-            "0",
-            "--temp-dir",
-            self.temp_dir,
-            *[f"--{name}={port}" for name, port in ports.items()],
-        ]
-        self.log = open(os.path.join(self.temp_dir, "ray-start.log"), "w")
-        self.process = subprocess.Popen(command, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
-
-    def ray(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    def wait_until_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{self.start_log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the head's job API did not come up in {timeout:g} s:\n{self.start_log()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.dashboard_port), timeout=1).close()
-            except OSError:
-                time.sleep(0.2)  # polling with a deadline
-                continue
-            if self.ray("job", "list", "--address", self.url).returncode == 0:
-                return
-
-    def start_log(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def own_processes(self) -> Dict[int, str]:
-        """pid -> command line of every live process of this head: the
-        ``ray start`` tree (job drivers included: they run in sessions of their
-        own, but are children of the job supervisor) and anything naming the
-        head's temp dir."""
-        table = process_table()
-        children: Dict[int, List[int]] = {}
-        for pid, (ppid, _, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        roots = [self.process.pid] if self.process.poll() is None else []
-        stack = [*roots, *(pid for pid, (_, _, args) in table.items() if self.temp_dir in args)]
-        found: Dict[int, str] = {}
-        while stack:
-            pid = stack.pop()
-            if pid in found or pid not in table:
-                continue
-            found[pid] = table[pid][2]
-            stack.extend(children.get(pid, []))
-        found.pop(os.getpid(), None)
-        return {pid: args for pid, args in found.items() if not table[pid][1].startswith("Z")}
-
-    def stop(self) -> None:
-        recorded = self.own_processes()  # before the tree unravels and loses its parents
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # ray start --block stops what it started
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self._wait_until_gone(recorded, timeout=5)
-        for pid in self._wait_until_gone(recorded, timeout=0):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._wait_until_gone(recorded, timeout=5)
-        self.log.close()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def _wait_until_gone(self, recorded: Dict[int, str], timeout: float) -> List[int]:
-        """Poll until no process of this head runs; the ones still running."""
-        deadline = time.monotonic() + timeout
-        while True:
-            table = process_table()
-            # A recorded pid counts only while it runs the same command (pids are reused).
-            alive = {pid for pid, args in recorded.items() if pid in table and table[pid][2] == args and not table[pid][1].startswith("Z")}
-            alive.update(self.own_processes())
-            if not alive or time.monotonic() >= deadline:
-                return sorted(alive)
-            time.sleep(0.2)  # polling with a deadline
-
-
-def process_table() -> Dict[int, Tuple[int, str, str]]:
-    """pid -> (parent pid, state, command line) of every process, from ps."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True, check=True).stdout
-    table: Dict[int, Tuple[int, str, str]] = {}
-    for line in out.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
-            table[int(parts[0])] = (int(parts[1]), parts[2], parts[3] if len(parts) > 3 else "")
-    return table
-
-
 @pytest.fixture(scope="module")
 def token_head() -> Iterator[RayHead]:
     """One real head with token auth, shared by the tests that need a cluster."""
@@ -499,8 +354,7 @@ def token_head() -> Iterator[RayHead]:
         pytest.skip("the ray command is not installed next to this Python")
     head = RayHead()
     try:
-        head.wait_until_ready()
-        yield head
+        yield head.start()
     finally:
         head.stop()
 
@@ -562,8 +416,98 @@ def test_token_protected_cluster_without_a_token_says_what_to_set(token_head: Ra
     # With the token, the same command runs.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token_head.env["RAY_AUTH_TOKEN"])
     result = raydist(["run", "--address", address, "-n", "1", "tests/scripts/cli_fail.py", "none"], env)
-    assert result.returncode == 0, explain(result)
+    assert result.returncode == 0, explain(result) + head_state(token_head)
     assert "rank 0 finished" in result.stdout, explain(result)
+
+
+def head_state(head: RayHead) -> str:
+    """What a failure next to a head must show: whether it still runs, and its
+    ``ray start`` log (which names a subprocess that took the head down)."""
+    status = "running" if head.process is not None and head.process.poll() is None else "exited"
+    return f"\n--- the head's ray start ({status}):\n{head.start_log()[-3000:]}"
+
+
+def hold_port(port: int) -> socket.socket:
+    """Another program's server on ``port``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("0.0.0.0", port))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.timeout(150)
+def test_a_port_taken_while_the_head_starts_costs_a_new_head_not_a_dead_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The client server binds its port seconds after the dashboard answers; a port taken meanwhile made it
+    # exit, and `ray start --block` then killed the head's GCS under the test that used it.
+    held: List[socket.socket] = []
+
+    def client_port_taken_first(count: int) -> List[int]:
+        ports = real_free_ports(count)
+        if not held:
+            held.append(hold_port(ports[ray_head.PORT_OPTIONS.index("ray-client-server-port")]))
+        return ports
+
+    real_free_ports = ray_head.free_ports
+    monkeypatch.setattr(ray_head, "free_ports", client_port_taken_first)
+    head = RayHead(num_cpus=1)
+    try:
+        head.start()
+        assert len(head.failed_starts) == 1 and "ray-client-server-port" in head.failed_starts[0], head.failed_starts
+        serving = ray_head.listeners()
+        own = set(head.own_processes())
+        for name, port in head.ports.items():
+            assert serving.get(port, set()) & own, f"nothing of the head listens on its {name} port {port}" + head_state(head)
+        assert head.ray("job", "list", "--address", head.url).returncode == 0, head_state(head)
+    finally:
+        head.stop()
+        for sock in held:
+            sock.close()
+
+
+HEAD_OF_A_CHILD = """
+import threading
+from ray_head import RayHead
+head = RayHead(num_cpus=1).start()
+print(head.process.pid, head.temp_dir, flush=True)
+threading.Event().wait()  # until killed
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_head_ends_with_the_test_process_that_started_it() -> None:
+    # A tier cut short (its process killed) once left a `ray start --head --block` running for hours.
+    child = subprocess.Popen([sys.executable, "-c", HEAD_OF_A_CHILD], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    pid, temp_dir = 0, ""
+    try:
+        line = child.stdout.readline() if child.stdout else ""  # the head is up (or the child failed: "")
+        assert line, f"the child's head did not start (exit status {child.wait()})"
+        pid, temp_dir = int(line.split()[0]), line.split()[1]
+        child.kill()  # no teardown runs
+        child.wait()
+        deadline = time.monotonic() + 30
+        while (left := head_processes(pid, temp_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the head stops on its own: poll, with a deadline
+        assert not left, "the head outlived the process that started it:\n" + "\n".join(left)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.pid == pid or (temp_dir and temp_dir in " ".join(process.cmdline())):
+                    process.kill()
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def head_processes(ray_start_pid: int, temp_dir: str) -> List[str]:
+    """The head's ``ray start`` and every process naming its temp dir, alive."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(process.cmdline())
+            if process.status() != psutil.STATUS_ZOMBIE and (process.pid == ray_start_pid or temp_dir in command):
+                found.append(f"{process.pid} {command[:160]}")
+    return found
 
 
 @pytest.mark.soak  # a second error-file case (test_script_endings' runs in make test)
