@@ -12,7 +12,7 @@ from typing import Any, Callable, List
 import pytest
 
 from raydist.config import RunConfig
-from raydist.errors import WorkerGroupClosed, WorkerGroupError
+from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed, WorkerGroupError
 from raydist.pool.cluster.fake import FakeCluster, Fault
 from raydist.pool.cluster.fake_worker import current_attempt, current_rank
 from raydist.pool.driver.calls import prepare_call
@@ -132,3 +132,34 @@ def test_the_policy_is_the_one_that_decides() -> None:
         run_call(RunController(cluster, config, fresh_restarts=True, policy=never), prepare_call(cluster, current_rank))
     assert [(f.started, f.restarts_left, f.fresh_allowed) for f in asked] == [(True, 3, True)]  # asked once
     assert len(cluster.processes.workers) == 4 and cluster.leftovers() == []
+
+
+def test_a_run_waits_for_room_that_another_group_frees_within_startup_timeout() -> None:
+    cluster = FakeCluster({"node-a": {"CPU": 2}, "node-b": {"CPU": 2}})
+    other = WorkerGroup(config=RunConfig(num_workers=2, flight_recorder=False), cluster=cluster)  # holds 2 of the 4 CPUs
+    cluster.after(12.0, other.shutdown, "test-other-group-ends")
+    config = RunConfig(num_workers=4, startup_timeout=30, flight_recorder=False)
+    assert run_call(RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, current_rank)) == [0, 1, 2, 3]
+    assert 12.0 <= cluster.monotonic() < 30.0 and other.closed and cluster.leftovers() == []
+
+
+def test_a_run_that_never_gets_room_gives_up_after_startup_timeout_leaving_nothing() -> None:
+    cluster = FakeCluster({"node-a": {"CPU": 2}, "node-b": {"CPU": 2}})
+    with WorkerGroup(config=RunConfig(num_workers=2, flight_recorder=False), cluster=cluster):  # holds 2 of the 4 CPUs
+        with pytest.raises(InfeasibleResourcesError, match="gave up after 30 s"):
+            WorkerGroup(config=RunConfig(num_workers=4, startup_timeout=30, flight_recorder=False), cluster=cluster)
+        assert cluster.monotonic() >= 30.0
+    assert cluster.leftovers() == []
+
+
+@pytest.mark.parametrize(("method", "nth"), [("describe", 1), ("stand_by", 0)])  # slot 1's: its first worker described once
+def test_a_spare_that_dies_while_starting_is_left_out_and_nothing_leaks(method: str, nth: int) -> None:
+    # Rank 1 dies; the spare takes its place; its successor (in slot 1, 5 s later) dies while it starts.
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1), Fault(method, "die", who=1, nth=nth)])
+    with WorkerGroup(config=RunConfig(num_workers=4, spare_workers=1, max_restarts=1, flight_recorder=False), cluster=cluster) as group:
+        with pytest.raises(WorkerGroupError):
+            group.run(current_rank)
+        cluster.sleep(REFILL_DELAY_S + 1)
+        assert group.spares == [] and len(cluster.processes.workers) == 6  # tried once, not again and again
+        assert group.run(current_rank) == [0, 1, 2, 3]  # the group runs on without a spare
+    assert cluster.leftovers() == []
