@@ -139,8 +139,8 @@ class FakeCluster:
 
     # -- waiting --------------------------------------------------------------
     def wait(self, pending: Sequence[FakeCall], num_returns: int, timeout: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:
-        if not pending:
-            return [], []
+        if not pending or all(call.ended for call in pending):  # (nothing to run for: what is queued runs when it is waited for)
+            return list(pending), []
         return self._until(pending, min(num_returns, len(pending)), None if timeout is None else self.clock.now + timeout)
 
     def _until(self, pending: Sequence[FakeCall], count: int, deadline: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:

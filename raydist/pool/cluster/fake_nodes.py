@@ -90,18 +90,26 @@ class FakeNodes:
         return reservation
 
     def place(self, reservation: FakeReservation) -> None:
-        """Put each unplaced bundle on the first node with room."""
-        for bundle, node in reservation.nodes.items():
-            if node is not None or reservation.freed:
-                continue
-            free, used = self.free(), set(reservation.nodes.values())
-            for candidate in self.usable():
-                if reservation.node_layout and candidate.node_id in used:
-                    continue
-                room = free.get(candidate.node_id, {})
-                if all(room.get(name, 0.0) + 1e-9 >= amount for name, amount in reservation.bundle.items()):
-                    reservation.nodes[bundle] = candidate.node_id
+        """Put each unplaced bundle on the first node with room (one pass over
+        the nodes: the bundles are alike, so a node without room for one now
+        has none for the next; under the node layout, one bundle a node)."""
+        if reservation.freed:
+            return
+        free, candidates = self.free(), self.usable()
+        used = set(reservation.nodes.values())
+        index = 0
+        for bundle in [b for b, node in reservation.nodes.items() if node is None]:
+            while index < len(candidates):
+                node_id = candidates[index].node_id
+                room = free.get(node_id, {})
+                fits = all(room.get(name, 0.0) + 1e-9 >= amount for name, amount in reservation.bundle.items())
+                if fits and not (reservation.node_layout and node_id in used):
+                    reservation.nodes[bundle] = node_id
+                    used.add(node_id)
+                    for name, amount in reservation.bundle.items():
+                        room[name] = room.get(name, 0.0) - amount
                     break
+                index += 1
 
     def lose(self, node_id: str) -> None:
         """The node is gone; its bundles are placed again where there is room."""

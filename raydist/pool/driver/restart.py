@@ -148,7 +148,12 @@ def settle_survivors(
         remaining = deadline - cluster.time()
         if remaining <= 0:
             break
-        ready, _ = cluster.wait([*pending, *resets], num_returns=1, timeout=min(remaining, SEAT_POLL_S))
+        waiting = [*pending, *resets]
+        if cluster.wait(waiting, num_returns=1, timeout=min(remaining, SEAT_POLL_S))[0]:
+            # Everything already back, in one go: a wait per rank would be quadratic in the world.
+            ready, _ = cluster.wait(waiting, num_returns=len(waiting), timeout=0)
+        else:
+            ready = []
         for ref in ready:
             rank = pending.pop(ref, None)
             if rank is not None:
