@@ -72,22 +72,8 @@ def _configure_ray_output() -> None:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
-def _exit_now(status: int) -> None:
-    """End this process (the run's own: the console script, ``python -m
-    raydist``) without interpreter finalisation: a signal can land anywhere
-    in Ray's client, and its C++ threads may still be running while Python
-    tears its objects down (a SIGSEGV at exit). Ray is stopped already."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not change the status
-            pass
-    os._exit(status)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``raydist`` console script and ``python -m raydist``."""
-    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, run_parser = build_parser()
     if argv and argv[0] == "debug":
@@ -117,8 +103,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signum = signals.received()
         if signum is not None:  # torchrun exits with 1 after a signal, too
             print(f"raydist run: got {signals.SignalReceived(signum).name}; the workers were stopped", file=sys.stderr, flush=True)
-            if argv_given is None:
-                _exit_now(EXIT_FAILURE)
             return EXIT_FAILURE
         print("raydist run: interrupted; workers stopped", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 
 class SignalReceived(KeyboardInterrupt):
@@ -37,48 +37,53 @@ _lock = threading.RLock()  # reentrant: the handler may run while the main threa
 _previous: Dict[int, Any] = {}
 
 
-_deferring = [0]  # >0 inside ``deferred()``: record a signal, raise it on leaving
-
-
 def _handle(signum: int, frame: Any) -> None:
     with _lock:
         _received["count"] = _received.get("count", 0) + 1
         first = "first" not in _received
         _received.setdefault("first", signum)
-        if first and _deferring[0]:
-            _received["deferred"] = signum
-            return
     if first:
         raise SignalReceived(signum)
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Hold a handled signal until the block ends, then raise it.
+def deferred(deliver: bool = True) -> Iterator[None]:
+    """Hold every signal that has a Python handler until the block ends, then
+    deliver each one held (``deliver=False``: drop them; the process is exiting).
 
-    For ``ray.init`` starting a private Ray: interrupted half-way it leaves
-    a raylet and agents that no ``ray.shutdown`` knows about (the caller
-    stops that Ray before the signal propagates). Only the main thread,
-    where the handlers run, holds a signal."""
+    For ``ray.init`` and ``ray.shutdown``. A Python handler runs between any
+    two bytecodes of the main thread, so its exception (Python's
+    KeyboardInterrupt, raydist's ``SignalReceived``) can land inside
+    ``ray.init`` after Ray has built its C++ core worker and before Python
+    holds it: no ``ray.shutdown`` can stop that worker then, and at exit Ray's
+    C++ exit handler destroys it while its I/O thread still runs (a SIGSEGV
+    in ``TaskManager::RecordMetrics``). Held, the signal arrives once Ray is
+    whole, and the ordinary shutdown stops it. A handler the block installed
+    (``ray.init`` sets one for SIGTERM) stays. Only the main thread, where
+    Python runs handlers, holds signals: elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    with _lock:
-        _deferring[0] += 1
+    held: List[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    replaced: Dict[int, Any] = {}
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):  # one Python cannot handle
+            handler = signal.getsignal(number)
+            if callable(handler):
+                signal.signal(number, hold)
+                replaced[number] = handler
     try:
         yield
     finally:
-        with _lock:
-            _deferring[0] -= 1
-    raise_pending()
-
-
-def raise_pending() -> None:
-    """Raise the signal ``deferred()`` held, once outside every such block."""
-    with _lock:
-        signum = None if _deferring[0] else _received.pop("deferred", None)
-    if signum is not None:
-        raise SignalReceived(signum)
+        for signum, handler in replaced.items():
+            if signal.getsignal(signum) is hold:
+                signal.signal(signum, handler)
+        for signum in dict.fromkeys(held) if deliver else ():
+            signal.raise_signal(signum)  # its handler runs now; one that raises ends the delivery
 
 
 def install(names: Sequence[str]) -> None:

@@ -5,6 +5,7 @@ behind (Ray's agents included)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ from typing import Iterator, List, Set
 
 import psutil
 import pytest
-from conftest import REPO
+from conftest import REPO, repeats
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,3 +133,89 @@ def test_sigint_at_any_moment_stops_the_run_and_everything_it_started(tmp_path: 
         interrupt_at(script, temp_dir, moment)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)  # the private Ray's session files
+
+
+# -- a Python driver's exit ------------------------------------------------------
+
+# A program that uses raydist.run and stops on Ctrl-C the usual way (catch it, sys.exit). "build" sends its own
+# SIGINT while Ray builds the driver's core worker (PythonGCThread is made inside that construction): a signal
+# there once left a core worker nothing could shut down, and Ray's C++ exit handler crashed on it (-11).
+PYTHON_DRIVER = """
+import os, signal, sys, time
+import raydist
+
+def rank_value(seconds):
+    time.sleep(seconds)
+    return 1
+
+if sys.argv[1] == "build":
+    import ray._private.gc_collect_manager as gc_manager
+    build = gc_manager.PythonGCThread.__init__
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        build(self, *args, **kwargs)
+    gc_manager.PythonGCThread.__init__ = interrupted
+try:
+    print("result", raydist.run(rank_value, args=(0.1 if sys.argv[1] == "normal" else 120,), num_workers=2), flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(1)
+"""
+
+
+def python_driver_exit(script: Path, mode: str, moment: float = 0.0) -> str:
+    """Run the driver (``normal``, ``build``, or ``signal``: a SIGINT ``moment``
+    seconds after its start) and check how it ended; its output."""
+    temp_dir = Path("/tmp") / f"rdp{os.getpid()}"  # short: Ray's socket paths are bounded
+    temp_dir.mkdir(exist_ok=True)
+    driver = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "RAY_TMPDIR": str(temp_dir), "PYTHONFAULTHANDLER": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Python's own Ctrl-C handling, whatever was inherited
+        start_new_session=True,
+    )
+    try:
+        if mode == "signal":
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                driver.wait(moment)  # the moment comes (or the driver ended before it: checked below)
+            driver.send_signal(signal.SIGINT)
+        output = driver.communicate(timeout=120)[0]
+        expected = (0, "result [1, 1]") if mode == "normal" else (1, "interrupted")
+        assert (driver.returncode, expected[1] in output) == (expected[0], True), f"{mode} {moment}: status {driver.returncode}\n{output}"
+        left: List[str] = []
+        for _ in poll(time.monotonic() + GONE_BOUND_S):
+            left = alive(session_processes(str(temp_dir)))
+            if not left:
+                break
+        assert not left, f"{mode} {moment}: its Ray still runs:\n" + "\n".join(left)
+        return output
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_ctrl_c_while_ray_builds_the_drivers_core_worker_ends_the_program_cleanly(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(PYTHON_DRIVER)
+    python_driver_exit(script, "build")
+
+
+@pytest.mark.timeout(900)  # 40 drivers, each starting a private Ray and two workers
+@repeats(0, 20)  # soak only: make test runs the interrupt that crashed (above); test_connect's drivers exit normally
+def test_a_python_drivers_exits_never_crash(tmp_path: Path, repeat: int) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(PYTHON_DRIVER)
+    for _ in range(repeat):
+        python_driver_exit(script, "normal")
+    for index in range(repeat):  # half while Ray builds the core worker, half from outside at moments through the run
+        if index % 2:
+            python_driver_exit(script, "build")
+        else:
+            python_driver_exit(script, "signal", 0.5 + 6.0 * index / repeat)

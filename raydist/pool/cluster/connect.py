@@ -9,6 +9,7 @@ seconds with a ConnectionError that names the address and what to do.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import socket
@@ -135,8 +136,13 @@ def _connect(address: Optional[str], startup_timeout: float, standalone: bool) -
         if not address.startswith("ray://"):
             _check_answers(address, source, min(startup_timeout, GCS_ANSWER_TIMEOUT_S))
     try:
-        ray.init(address=address)
+        with signals.deferred():  # a signal lands once the driver's core worker is whole (see deferred)
+            ray.init(address=address)
     except ConnectionError:
+        raise
+    except KeyboardInterrupt:  # held through ray.init: disconnect the ordinary way, then go on stopping
+        if ray.is_initialized():
+            ray_private.shutdown_ray()
         raise
     except Exception as error:  # noqa: BLE001 - Ray raises several kinds; all mean the same here
         raise ConnectionError(f"cannot connect to the Ray cluster at {address} (from {source}): {error}") from None
@@ -198,20 +204,34 @@ def _start_private_ray(address: Optional[str]) -> None:
 def _start_whole_or_not_at_all(address: Optional[str]) -> None:
     """Start a private Ray; interrupted (a signal, KeyboardInterrupt), stop all of it first.
 
-    A signal raydist handles is held until Ray is up (``signals.deferred``),
-    then Ray is stopped the ordinary way; a KeyboardInterrupt from Python's
-    own handler (a Python driver) lands inside ``ray.init``, and what it had
-    started is killed."""
+    Every signal with a Python handler (raydist's, Python's Ctrl-C, the
+    program's own) is held until Ray is up (``signals.deferred``), then Ray
+    is stopped the ordinary way; a start that failed on its own is killed
+    whole (``ray.shutdown`` knows nothing of it)."""
     before = ray_private.own_children()
     try:
         with signals.deferred():
             ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
-    except signals.SignalReceived:
-        ray_private.shutdown_ray()
-        raise
     except BaseException:
-        ray_private.stop_half_started_ray(before)
+        if ray.is_initialized():  # up: the held signal came after the start
+            ray_private.shutdown_ray()
+        else:
+            ray_private.stop_half_started_ray(before)
         raise
+
+
+def _shutdown_at_exit() -> None:
+    """Ray's own exit-time shutdown, done first and with signals held: a
+    second Ctrl-C during Ray's (which sleeps 0.5 s for the last log lines)
+    would leave the driver's core worker running into the C++ exit handler
+    that crashes on it (see ``signals.deferred``). Registered after Ray's,
+    so it runs before it; Ray's then finds nothing to do."""
+    if ray.is_initialized():
+        with signals.deferred(deliver=False):
+            ray_private.shutdown_ray(exiting=True)
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def connected_session() -> Optional[str]:
