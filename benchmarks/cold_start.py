@@ -49,10 +49,6 @@ TARGET_VS_FLOOR = 1.15  # raydist.run() at most this many times the floor
 TARGET_VS_TRAINER = 5.0  # TorchTrainer at least this many times raydist
 TARGET_CLI_VS_TORCHRUN = 1.5  # `raydist run` from nothing at most this many times torchrun
 TARGET_ATTACHED_VS_TORCHRUN = 1.0  # `raydist run` attached to a running cluster
-# A private Ray's dashboard agent listens here; when another Ray on the
-# machine holds the port, the agent retries for ~3.5 s before giving up,
-# and the new Ray's start-up waits for it.
-RAY_AGENT_DEFAULT_PORT = 52365
 PROCESS_TIMEOUT_S = 300.0
 LEFTOVER_WAIT_S = 10.0
 
@@ -195,19 +191,6 @@ def time_torchrun(n: int) -> float:
     return run_timed(torchrun_command(n), "torchrun")
 
 
-def ray_agent_port_taken() -> bool:
-    """Whether another Ray on this machine holds the dashboard agent's default port."""
-    import psutil
-
-    try:
-        return any(
-            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == RAY_AGENT_DEFAULT_PORT
-            for c in psutil.net_connections(kind="tcp")
-        )
-    except (psutil.Error, OSError):
-        return False
-
-
 def _ray_auth_env() -> Dict[str, str]:
     """Environment for the head and the attached run: token authentication as
     this Ray enables it for a new cluster, unless RAY_AUTH_MODE says otherwise
@@ -333,30 +316,17 @@ def whole_process_comparison(n: int, reps: int) -> Tuple[bool, Dict[str, Optiona
 
     rows: List[List[object]] = []
     ratio_rows: List[List[object]] = []
-    notes: List[str] = []
     ok = True
 
     # 1. No Ray running: every raydist sample starts and stops its own.
-    taken: List[str] = []
-
-    def check_port(name: str) -> None:
-        if name.startswith("raydist") and ray_agent_port_taken():
-            taken.append(name)
-
     fresh = f"raydist run -n {n} (starts Ray)"
     samples, failed = interleave(
         {fresh: lambda: run_timed(raydist_run_command(n), "raydist run --standalone"), "torchrun": lambda: time_torchrun(n)},
         reps,
         "no Ray running",
-        check_port,
+        None,
     )
     settings = [("no Ray running", fresh, samples, failed, TARGET_CLI_VS_TORCHRUN)]
-    if taken:
-        notes.append(
-            f"{len(taken)} of the {1 + reps} no-Ray raydist samples (warm-up included) found port "
-            f"{RAY_AGENT_DEFAULT_PORT} held by another Ray on this machine: the private Ray's dashboard "
-            "agent then retries binding it for ~3.5 s, and those samples include that wait"
-        )
 
     # 2. Attached to a running cluster.
     attached = f"raydist run -n {n} --address"
@@ -409,8 +379,6 @@ def whole_process_comparison(n: int, reps: int) -> Tuple[bool, Dict[str, Optiona
         ["setting", "raydist run / torchrun", "goal"],
         ratio_rows,
     )
-    for note in notes:
-        print(f"note: {note}")
     return ok, ratios
 
 

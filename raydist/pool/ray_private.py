@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psutil
@@ -176,33 +178,85 @@ def recorded_cluster() -> Tuple[Optional[str], str]:
 
 def start_private_ray(**options: Any) -> None:
     """``ray.init(**options)``, starting a lighter head if this starts a
-    private Ray for raydist's runs. Left out: the autoscaler monitor (a local
-    Ray has nothing to scale) and the dashboard's API server (job submission,
-    the state API); the dashboard agent runs as in a minimal ``pip install
-    ray`` (no metrics or HTTP server), so the driver does not import the
-    dashboard's web stack (~0.4 s) to decide it. A run uses none of these;
-    on 2 cores they cost ~2 s of a `raydist run` from nothing, starting and
-    stopping. No public option leaves them out: ``ray.init`` does not pass
-    ``RayParams.no_monitor`` on, and ``include_dashboard=False`` still starts
-    the API server and the full agent. Joining a running cluster is
-    unaffected.
+    private Ray for raydist's runs: only the GCS, the raylet, its runtime-env
+    agent and the log monitor (the ranks' output). Left out: the autoscaler
+    monitor (a local Ray has nothing to scale), the dashboard's API server
+    (job submission, the state API) and the dashboard agent, which would run
+    as in a minimal ``pip install ray`` (no metrics or HTTP server) and is
+    replaced by ``agent_stub.py``, which writes the port files the raylet
+    waits for without importing Ray (~1 CPU-second). Ray's own wait for the
+    new node to register polls about once a second; this polls every 20 ms.
+    A run uses none of what is left out; on 2 cores it cost ~3 s of a
+    ``raydist run`` from nothing, starting and stopping. No public option
+    does any of this: ``ray.init`` does not pass ``RayParams.no_monitor``
+    on, and ``include_dashboard=False`` still starts the API server and the
+    full agent. Joining a running cluster is unaffected.
     """
     try:
-        from ray._private import utils as ray_utils
-        from ray._private.node import Node
-
-        saved = (Node.start_monitor, Node.start_api_server, ray_utils.get_dashboard_dependency_error)
+        patches = _lighter_head()
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     except (ImportError, AttributeError) as error:
-        warn_once("head", f"cannot trim the private Ray's start ({type(error).__name__}: {error}); it starts ~2 s slower")
+        warn_once("head", f"cannot trim the private Ray's start ({type(error).__name__}: {error}); it starts ~3 s slower")
         ray.init(**options)
         return
-    Node.start_monitor = lambda self: None  # type: ignore[method-assign]
-    Node.start_api_server = lambda self, **kwargs: None  # type: ignore[method-assign]
-    ray_utils.get_dashboard_dependency_error = lambda: ImportError("a private Ray for raydist runs a minimal agent")
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         ray.init(**options)
     finally:
-        Node.start_monitor, Node.start_api_server, ray_utils.get_dashboard_dependency_error = saved  # type: ignore[method-assign]
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+AGENT_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_stub.py")
+NODE_POLL_S = 0.02
+NODE_WAIT_S = 30.0  # Ray's own limit for a new raylet to register
+
+
+def _lighter_head() -> List[Tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for each of Ray's functions a lighter
+    private head replaces while ``ray.init`` runs."""
+    from ray._private import ray_constants, services
+    from ray._private import utils as ray_utils
+    from ray._private.node import Node
+
+    python_command = services._build_python_executable_command_memory_profileable
+    get_node = services.get_node
+
+    def agent_command(component: str, session_dir: str, unbuffered: bool = True) -> List[str]:
+        command = python_command(component, session_dir, unbuffered)
+        # Ray's agent.py and its arguments follow: the stub reads what it needs of them.
+        return [*command, AGENT_STUB] if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT else command
+
+    def registered_node(gcs_address: str, node_id: str) -> Any:
+        _wait_until_registered(gcs_address, node_id)
+        return get_node(gcs_address, node_id)
+
+    return [
+        (Node, "start_monitor", lambda self: None),
+        (Node, "start_api_server", lambda self, **kwargs: None),
+        # Decides the agent's --minimal flag by importing the dashboard's web stack (~0.4 s) in the driver.
+        (ray_utils, "get_dashboard_dependency_error", lambda: ImportError("a private Ray for raydist runs no dashboard")),
+        (services, "_build_python_executable_command_memory_profileable", agent_command),
+        (services, "get_node", registered_node),
+    ]
+
+
+def _wait_until_registered(gcs_address: str, node_id: str) -> None:
+    """Until the GCS lists ``node_id`` (or ``NODE_WAIT_S`` passed, or the
+    table cannot be read): then Ray's own lookup answers, or fails, at once."""
+    from ray._private import services, state
+
+    table = state.GlobalState()
+    try:
+        table._initialize_global_state(services._get_gcs_client_options(gcs_address))
+        deadline = time.monotonic() + NODE_WAIT_S
+        while time.monotonic() < deadline and not any(row.get("NodeID") == node_id for row in table.node_table()):
+            time.sleep(NODE_POLL_S)  # polling the GCS while the raylet starts, with a deadline
+    except Exception:  # noqa: BLE001 - a private API of another Ray version: Ray's own wait decides
+        pass
+    finally:
+        table.disconnect()
 
 
 def own_children() -> Set[int]:

@@ -141,9 +141,12 @@ def test_ray_shutdown_during_a_call_is_a_clear_error_and_starts_no_new_ray(clean
 
 PRIVATE_HEAD = """
     import glob, json, os, psutil, ray, raydist
-    from ray._private import utils
+    from ray._private import services, utils
     from ray._private.node import Node
-    originals = (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error)
+    def patchable():
+        return (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error,
+                services.get_node, services._build_python_executable_command_memory_profileable)
+    originals = patchable()
     raydist.run(print, num_workers=1)  # no address: the record of a `ray start` here is dead (the test wrote it)
     def command(process):
         try:
@@ -153,7 +156,7 @@ PRIVATE_HEAD = """
     processes = [command(p) for p in psutil.Process().children(recursive=True)]
     session = ray._private.worker._global_node.get_session_dir_path()
     ports = {os.path.basename(path).rsplit("_", 1)[0]: open(path).read().strip() for path in glob.glob(os.path.join(session, "*_port_*"))}
-    restored = (Node.start_monitor, Node.start_api_server, utils.get_dashboard_dependency_error) == originals
+    restored = patchable() == originals
     print("HEAD " + json.dumps({"processes": processes, "ports": ports, "restored": restored}))
 """
 
@@ -175,6 +178,9 @@ def test_a_private_ray_starts_only_what_a_run_needs(clean_env: Dict[str, str]) -
     assert "gcs_server" in commands and "raylet" in commands, commands  # it did start a Ray
     assert "autoscaler/_private/monitor.py" not in commands, commands  # nothing to scale
     assert "dashboard/dashboard.py" not in commands, commands  # no API server
-    # The dashboard agent runs as in a minimal install: no metrics or HTTP server.
+    # No dashboard agent (it would run as in a minimal install: no metrics or HTTP server): raydist's stub,
+    # which imports nothing of Ray, tells the raylet so through the agent's port files.
+    agents = [command for command in head["processes"] if "dashboard/agent.py" in command]
+    assert agents and all("raydist/pool/agent_stub.py" in command.split("dashboard/agent.py")[0] for command in agents), commands
     assert head["ports"].get("metrics_agent_port") == "-1" and head["ports"].get("dashboard_agent_listen_port") == "-1", head["ports"]
     assert head["restored"], "Ray's own functions were left patched"
