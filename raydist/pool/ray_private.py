@@ -208,6 +208,25 @@ def start_private_ray(**options: Any) -> None:
             setattr(owner, name, original)
 
 
+def room_for_data(cpus: int) -> Dict[str, Any]:
+    """``ray.init`` options for a private Ray with ``cpus`` logical CPUs
+    beyond the machine's, labelled as such (``DATA_CPUS_LABEL``): Ray Data's
+    tasks need a CPU beside the workers', and a group sized to the machine
+    (``-n`` = its cores, or the default) would otherwise hold them all and
+    leave a split that never yields a batch. A default-sized group leaves
+    them out. How many CPUs the machine has is Ray's own count (private:
+    ``ray.init`` counts them the same way, cgroup limits included)."""
+    from raydist.pool.rules.sizing import DATA_CPUS_LABEL
+
+    try:
+        from ray._private.utils import get_num_cpus
+
+        machine = int(get_num_cpus())
+    except Exception:  # noqa: BLE001 - a private API of another Ray version
+        machine = os.cpu_count() or 1
+    return {"num_cpus": machine + cpus, "labels": {DATA_CPUS_LABEL: str(cpus)}}
+
+
 AGENT_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_stub.py")
 NODE_POLL_S = 0.02
 NODE_WAIT_S = 30.0  # Ray's own limit for a new raylet to register

@@ -29,6 +29,8 @@ TCP_PROBE_TIMEOUT_S = 4.0
 GCS_ANSWER_TIMEOUT_S = 45.0
 # A private Ray started for a run: only what a run needs (no dashboard).
 PRIVATE_RAY_OPTIONS: Dict[str, Any] = {"include_dashboard": False}
+# Logical CPUs a private Ray has beyond the machine's, for Ray Data's tasks (ray_private.room_for_data).
+DATA_CPUS = 1
 
 TOKEN_HINT = (
     "set RAY_AUTH_MODE=token here and make the cluster's token readable on this machine: "
@@ -211,7 +213,7 @@ def _start_whole_or_not_at_all(address: Optional[str]) -> None:
     before = ray_private.own_children()
     try:
         with signals.deferred():
-            ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS)
+            ray_private.start_private_ray(address=address, **PRIVATE_RAY_OPTIONS, **ray_private.room_for_data(DATA_CPUS))
     except BaseException:
         if ray.is_initialized():  # up: the held signal came after the start
             ray_private.shutdown_ray()

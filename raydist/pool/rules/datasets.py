@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Collection, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["DataConfig", "check_dataset_names", "no_cpus_for_data", "split_names"]
+__all__ = ["DataConfig", "check_dataset_names", "no_cpu_ever_for_data", "no_cpus_for_data", "split_names"]
 
 
 @dataclass(frozen=True)
@@ -70,4 +70,19 @@ def no_cpus_for_data(free_cpus: float, total_cpus: float, group_cpus: float, wor
         f"the cluster's {total_cpus:g} CPUs are free ({group_cpus:g} held by this group's {workers} worker(s), "
         f"{others:g} by others): reading the datasets would wait forever. Leave CPUs free: fewer workers "
         f"(num_workers), fewer CPUs per worker (resources_per_worker={{'CPU': ...}}), or a larger Ray"
+    )
+
+
+def no_cpu_ever_for_data(total_cpus: float, group_cpus: float) -> Optional[str]:
+    """The error for reading a split on a cluster (that cannot grow) whose
+    CPUs this group's workers hold: Ray Data's read and transform tasks need
+    a CPU each beside them, and none can ever be free while the workers run,
+    so the first batch would never come. None when one CPU can be free."""
+    if total_cpus - group_cpus >= 1:
+        return None
+    return (
+        f"Ray Data cannot run its tasks on this cluster: they need a CPU each beside the workers, but this group's "
+        f"workers hold {group_cpus:g} of its {total_cpus:g} CPUs, so none can ever be free while they run "
+        "and the first batch would never come. Give each worker a fraction of a CPU (resources_per_worker={'CPU': 0.5}, "
+        "raydist run --resources-per-worker '{\"CPU\": 0.5}'), run fewer workers, or use a bigger cluster (CPUs beyond the workers')"
     )

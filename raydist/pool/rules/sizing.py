@@ -21,6 +21,10 @@ from raydist.pool.rules.text import fmt_resources, per_node_text
 if TYPE_CHECKING:
     from raydist.config import RunConfig
 
+# A private Ray raydist starts has this many logical CPUs beyond the machine's, for Ray Data's
+# tasks (they need a CPU beside the workers'); its node says how many under this label, and a
+# default-sized group leaves them out.
+DATA_CPUS_LABEL = "raydist-data-cpus"
 ACCELERATOR_TYPE_RESOURCE = "accelerator_type:"  # Ray's resource per accelerator type: accelerator_type:H100
 # What each worker asks of its accelerator type's resource (Ray's own remote(accelerator_type=) amount).
 ACCELERATOR_TYPE_AMOUNT = 0.001
@@ -73,7 +77,17 @@ def default_num_workers(accelerator: Accelerator, bundle: Mapping[str, float], n
     amount = bundle.get(resource)
     if not amount:  # CPU workers asking for no CPU: as many as their other resources allow
         return workers_that_fit(bundle, [node.resources for node in nodes], "PACK")
-    return sum(int(node.resources.get(resource, 0.0) // amount) for node in nodes)
+    return sum(int(max(0.0, node.resources.get(resource, 0.0) - kept_for_data(node, resource)) // amount) for node in nodes)
+
+
+def kept_for_data(node: ClusterNode, resource: str) -> float:
+    """The CPUs of ``node`` a private Ray keeps for Ray Data (``DATA_CPUS_LABEL``); 0 for another resource."""
+    if resource != "CPU":
+        return 0.0
+    try:
+        return max(0.0, float(node.labels.get(DATA_CPUS_LABEL, 0)))
+    except ValueError:  # a label someone else set
+        return 0.0
 
 
 def spares_text(num_workers: int, spares: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from raydist.pool.rules.batches import rechunk
+from raydist.pool.rules.datasets import no_cpu_ever_for_data
 
 __all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset"]
 
@@ -26,9 +27,10 @@ class DatasetShard:
     ``batch_size`` rows (the last one shorter unless ``drop_last``). Other
     attributes (``iter_rows``, ``stats``, ...) are the iterator's own."""
 
-    def __init__(self, iterator: Any, name: str = ""):
+    def __init__(self, iterator: Any, name: str = "", checked: bool = False):
         self.iterator = iterator
         self.name = name
+        self.checked = checked  # whether Ray Data was seen to have room to run
 
     def __repr__(self) -> str:
         return f"DatasetShard({self.name!r})" if self.name else "DatasetShard()"
@@ -41,6 +43,11 @@ class DatasetShard:
     def iter_batches(self, *, batch_size: Optional[int] = 256, drop_last: bool = False, **options: Any) -> Iterator[Any]:
         """Ray's ``iter_batches`` (same options), in batches of exactly
         ``batch_size`` rows; ``batch_size=None`` gives Ray's blocks as they come."""
+        if not self.checked:
+            never = _why_data_can_never_run()
+            if never is not None:
+                raise RuntimeError(never)
+            self.checked = True
         batches = self.iterator.iter_batches(batch_size=batch_size, drop_last=False if batch_size else drop_last, **options)
         if batch_size is None:
             return iter(batches)
@@ -137,16 +144,46 @@ def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
     nodes = all_gather(ray.get_runtime_context().get_node_id())
     parts: Optional[List[Any]] = None
     if rank == 0:
+        never = _why_data_can_never_run()
         try:
-            iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
-            _coordinators.extend(_coordinator_of(iterators))
-            parts = [("ok", ray.cloudpickle.dumps(iterator)) for iterator in iterators]
+            if never is None:
+                iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
+                _coordinators.extend(_coordinator_of(iterators))
+                parts = [("ok", ray.cloudpickle.dumps(iterator)) for iterator in iterators]
+            else:
+                parts = [("never", never)] * world_size
         except Exception as error:  # noqa: BLE001 - every rank must learn it, not wait in the scatter
             parts = [("error", f"{type(error).__name__}: {error}")] * world_size
     status, payload = scatter(parts)
+    if status == "never":
+        raise RuntimeError(payload)
     if status != "ok":
         raise RuntimeError(f"raydist.split_dataset: rank 0 could not split the dataset: {payload}")
-    return DatasetShard(ray.cloudpickle.loads(payload))
+    return DatasetShard(ray.cloudpickle.loads(payload), checked=True)
+
+
+def _why_data_can_never_run() -> Optional[str]:
+    """The error, naming the fix, where this group's workers hold every CPU
+    of a cluster that cannot grow: Ray Data's tasks would wait for a CPU
+    forever (and the first batch with them); None otherwise. The group's
+    CPUs are its placement group's bundles; a cluster whose state cannot be
+    read is let be."""
+    import ray
+    from ray.util.placement_group import get_current_placement_group, placement_group_table
+
+    from raydist.pool import ray_private
+
+    try:
+        group = get_current_placement_group()
+        bundles = list(placement_group_table(group).get("bundles", {}).values()) if group is not None else []
+        held = sum(float(bundle.get("CPU", 0.0)) for bundle in bundles)
+        total = float(ray.cluster_resources().get("CPU", 0.0))
+    except Exception:  # noqa: BLE001 - only a check: reading goes on as Ray Data would
+        return None
+    message = no_cpu_ever_for_data(total, held) if bundles else None
+    if message is None or ray_private.cluster_has_autoscaler():  # an autoscaler may add a node
+        return None
+    return f"raydist: {message}"
 
 
 def _collectives() -> Tuple[int, int, Callable[[Any], List[Any]], Callable[[Optional[List[Any]]], Any]]:

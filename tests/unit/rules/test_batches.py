@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from raydist.pool.rules.batches import batch_count, batch_rows, rechunk, row_drop_bound
-from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
+from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpu_ever_for_data, no_cpus_for_data, split_names
 
 
 def uneven(rows: int, rng: random.Random) -> List[dict]:
@@ -80,3 +80,13 @@ def test_a_cluster_with_every_cpu_held_is_named_with_cause_and_fix() -> None:
         assert fix in warning
     # Less than one CPU free: a Ray Data task (one CPU) still cannot start.
     assert no_cpus_for_data(free_cpus=0.5, total_cpus=2.0, group_cpus=1.5, workers=3) is not None
+
+
+def test_reading_is_refused_only_where_no_cpu_can_ever_be_free_beside_the_workers() -> None:
+    assert no_cpu_ever_for_data(total_cpus=3.0, group_cpus=2.0) is None  # a private Ray's extra CPU
+    assert no_cpu_ever_for_data(total_cpus=4.0, group_cpus=2.5) is None
+    error = no_cpu_ever_for_data(total_cpus=6.0, group_cpus=6.0)
+    assert error is not None and "hold 6 of its 6 CPUs" in error and "none can ever be free" in error
+    for fix in ("resources_per_worker={'CPU': 0.5}", "--resources-per-worker", "fewer workers", "a bigger cluster"):
+        assert fix in error
+    assert no_cpu_ever_for_data(total_cpus=4.0, group_cpus=3.5) is not None  # half a CPU runs no default task

@@ -21,7 +21,7 @@ from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
 from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide
-from raydist.pool.rules.sizing import default_num_workers, infeasibility, resolve_accelerator, worker_bundle
+from raydist.pool.rules.sizing import DATA_CPUS_LABEL, default_num_workers, infeasibility, resolve_accelerator, worker_bundle
 
 GPU = BY_NAME["gpu"]
 
@@ -88,6 +88,14 @@ def test_default_size_is_one_worker_per_device_share() -> None:
     assert default_num_workers(GPU, {"CPU": 1, "GPU": 0.5}, nodes) == 10
     assert default_num_workers(CPU, {"CPU": 2}, nodes) == 8
     assert default_num_workers(GPU, {"GPU": 1}, [node("a", CPU=8)]) == 0
+
+
+def test_a_default_size_leaves_out_the_cpus_a_private_ray_keeps_for_ray_data() -> None:
+    private = ClusterNode("p" * 8, "10.0.0.1", {"CPU": 3.0, "GPU": 2.0}, {DATA_CPUS_LABEL: "1"})
+    assert default_num_workers(CPU, {"CPU": 1}, [private]) == 2  # the machine's 2 cores, not 3
+    assert default_num_workers(CPU, {"CPU": 0.5}, [private]) == 4
+    assert default_num_workers(GPU, {"CPU": 1, "GPU": 1}, [private]) == 2  # devices are not kept
+    assert default_num_workers(CPU, {"CPU": 1}, [dataclasses.replace(private, labels={DATA_CPUS_LABEL: "x"})]) == 3
 
 
 def test_feasible_requests_have_no_reason() -> None:
