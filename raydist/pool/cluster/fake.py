@@ -10,7 +10,7 @@ same test, with the same ``Fault`` list, takes the same path every time.
 
 ``Fault`` (``raydist.pool.cluster.fake_faults``) makes something go wrong at a chosen moment: the ``nth`` call of a
 method on a chosen worker raises, kills its process, never returns, takes
-its node down or starts draining it, or runs an action (``shutdown()`` from
+its node down or starts draining it (gone at the drain's deadline), or runs an action (``shutdown()`` from
 another thread). The ``Ledger`` lists what is still alive or held, so that
 "nothing is left" after a shutdown is one assertion. A wait that could never
 end raises ``EngineStuck``.
@@ -30,6 +30,8 @@ from raydist.pool.cluster.fake_worker import FakeAgent, FakeProcess, FakeWorker
 from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
+
+DRAIN_NOTICE_S = 20.0  # a "drain-node" fault's deadline: the node is gone this long after
 
 
 class FakeCluster:
@@ -181,9 +183,11 @@ class FakeCluster:
         kind = fault.kind if fault is not None else None
         if fault is not None and fault.action is not None:
             self.clock.soon(fault.action)  # "act": as another thread, before the call runs
-        self._interrupted |= kind == "interrupt"
-        if kind == "drain-node":
-            self.drain_node(process.node_id, self.time() + 30.0)
+        if kind == "interrupt":
+            self.interrupt()
+        if kind == "drain-node":  # (a call given ``seconds`` runs on while its node drains, as training does)
+            self.drain_node(process.node_id, self.time() + DRAIN_NOTICE_S)
+            kind = "slow" if fault.seconds else None  # type: ignore[union-attr]
         if kind == "die":
             self.processes.end(process, f"the worker died unexpectedly (exit code {fault.exit_code})", fault.exit_code)  # type: ignore[union-attr]
         elif kind == "lose-node":
@@ -208,8 +212,20 @@ class FakeCluster:
             self.processes.end_all("the actor's node died", lambda p: p.node_id == node_id)
 
     def drain_node(self, node_id: str, deadline: float) -> None:
+        """The node drains: no new bundle goes there, and at ``deadline`` it is gone."""
         with self._lock:
             self.nodes.nodes[node_id].drain_deadline = deadline
+            self.clock.after(max(0.0, deadline - self.time()), partial(self.lose_node, node_id), "fake-drain-end")
+
+    def occupy(self, node_id: str, resources: Mapping[str, float]) -> FakeReservation:
+        """Another program's placement on ``node_id`` (``free`` it to make room)."""
+        with self._lock:
+            return self.nodes.occupy(node_id, resources)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the engine's next wait raises KeyboardInterrupt."""
+        with self._lock:
+            self._interrupted = True
 
     def add_node(self, node_id: str, resources: Mapping[str, float]) -> None:
         with self._lock:

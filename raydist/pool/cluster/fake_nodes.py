@@ -89,6 +89,12 @@ class FakeNodes:
         self.place(reservation)
         return reservation
 
+    def occupy(self, node_id: str, resources: Mapping[str, float]) -> FakeReservation:
+        """A placement that is not the engine's, on one node."""
+        reservation = FakeReservation(next(self._numbers), dict(resources), {0: node_id})
+        self.reservations.append(reservation)
+        return reservation
+
     def place(self, reservation: FakeReservation) -> None:
         """Put each unplaced bundle on the first node with room (one pass over
         the nodes: the bundles are alike, so a node without room for one now

@@ -37,7 +37,7 @@ from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
-from raydist.pool.driver.restart import warm_restart
+from raydist.pool.driver.restart import WarmRestart
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.waiting import Waited
@@ -169,13 +169,13 @@ class RunController:
         self.stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
 
     def _restart_warm(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
-        """Replace the failed ranks in place (``restart.warm_restart``); False: it could not."""
+        """Replace the failed ranks in place (``restart.WarmRestart``); False: it could not."""
         life, holdings, old = self.life, self.holdings, future.world
         assert holdings is not None and old is not None
         if not life.move_if(GroupPhase.RUNNING, GroupPhase.RESTARTING, lambda: self.world is future.world):
             return False
         try:
-            restarted = warm_restart(life, self._builder, holdings, old, future.refs, waited, future.number, self.config)
+            restarted = WarmRestart(life, self._builder, holdings, self.config).run(old, future.refs, waited, future.number)
         except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes
             self.stop(CallEnd.SHUT_DOWN)
             raise

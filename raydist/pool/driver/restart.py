@@ -48,84 +48,67 @@ class RestartAborted(RuntimeError):
     """A shutdown began while the warm restart ran."""
 
 
-def restart_in_place(
-    builder: GroupBuilder,
-    holdings: Holdings,
-    world: World,
-    refs: Sequence[Pending],
-    waited: Waited,
-    call: int,
-    config: RunConfig,
-    live: Callable[[], None] = lambda: None,
-) -> Tuple[World, str]:
-    """The next attempt's world after ``world``'s call ``call`` failed as
-    ``waited`` says (survivors kept, the rest replaced), and the line that
-    says what was done. ``live`` raises ``RestartAborted`` once the group is
-    being shut down; it is asked between the slow steps, which hold no lock."""
-    cluster = holdings.cluster
-    failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
-    old = list(world.workers)
-    lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
-    leaving = lost | set(world.drained)
-    world.stop_watching()  # nothing may read or warn a half-changed world
-    settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, failed_at + config.survivor_timeout, live)
-    world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
-    plan = _plan(holdings, world, settled, leaving, config, live)
-    live()
-    doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
-    for actor in doomed + holdings.spares.drop_on(leaving):
-        cluster.kill(actor)
-    holdings.forget(doomed)
-    # What the replaced processes left on their nodes goes with them (a lost node's went with it).
-    holdings.agents.remove_files([old[r] for r in sorted(settled.dead | set(plan.killed)) if old[r].node_id not in lost])
-    for agent in holdings.agents.retire(sorted(leaving)):
-        cluster.kill(agent)
-    builder.restart(plan.node_order)
-    new = _join(builder, holdings, world, plan, world.attempt + 1)
-    if not _alive(live):
-        new.end()  # (its actors are held: the teardown after the abort kills them)
-        raise RestartAborted("the group was shut down during its warm restart")
-    holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
-    seconds = cluster.time() - failed_at
-    taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
-    holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
-    return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
+@dataclass
+class WarmRestart:
+    """Replaces a failed call's ranks in place, for a run in ``RESTARTING``."""
 
+    life: Lifecycle
+    builder: GroupBuilder
+    holdings: Holdings
+    config: RunConfig
 
-def warm_restart(
-    life: Lifecycle,
-    builder: GroupBuilder,
-    holdings: Holdings,
-    world: World,
-    refs: Sequence[Pending],
-    waited: Waited,
-    call: int,
-    config: RunConfig,
-) -> Optional[Tuple[World, str]]:
-    """``restart_in_place`` for a run in ``RESTARTING``: the next world and its
-    line, or None when a shutdown began meanwhile or the restart failed (then
-    logged, and the phase back to RUNNING for the teardown or fresh start after it)."""
+    def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Optional[Tuple[World, str]]:
+        """The next world after ``world``'s call ``call`` failed as ``waited``
+        says, and the line that says what was done; None when a shutdown began
+        meanwhile or the restart failed (then logged, and the phase back to
+        RUNNING for the teardown or fresh start after it)."""
+        try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
+            return self._replace(world, refs, waited, call)
+        except RestartAborted:
+            return None  # the teardown after it releases what the restart made
+        except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
+            logger.error("raydist: warm restart failed (%s: %s)", type(failure).__name__, failure)
+            self.life.move_if(GroupPhase.RESTARTING, GroupPhase.RUNNING)
+            return None
 
-    def live() -> None:  # between the restart's steps: a shutdown that began wins
-        if life.phase is not GroupPhase.RESTARTING:
+    def live(self) -> None:
+        """Raise ``RestartAborted`` once a shutdown began; asked between the
+        slow steps, which hold no lock."""
+        if self.life.phase is not GroupPhase.RESTARTING:
             raise RestartAborted("the group was shut down during its warm restart")
 
-    try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
-        return restart_in_place(builder, holdings, world, refs, waited, call, config, live)
-    except RestartAborted:
-        return None  # the teardown after it releases what the restart made
-    except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
-        logger.error("raydist: warm restart failed (%s: %s)", type(failure).__name__, failure)
-        life.move_if(GroupPhase.RESTARTING, GroupPhase.RUNNING)
-        return None
-
-
-def _alive(live: Callable[[], None]) -> bool:
-    try:
+    def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Tuple[World, str]:
+        builder, holdings, config, live = self.builder, self.holdings, self.config, self.live
+        cluster = holdings.cluster
+        failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
+        old = list(world.workers)
+        lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
+        leaving = lost | set(world.drained)
+        world.stop_watching()  # nothing may read or warn a half-changed world
+        deadline = failed_at + config.survivor_timeout
+        settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, deadline, live)
+        world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        plan = _plan(holdings, world, settled, leaving, config, live)
         live()
-    except RestartAborted:
-        return False
-    return True
+        doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
+        for actor in doomed + holdings.spares.drop_on(leaving):
+            cluster.kill(actor)
+        holdings.forget(doomed)
+        # What the replaced processes left on their nodes goes with them (a lost node's went with it).
+        replaced = sorted(settled.dead | set(plan.killed))
+        holdings.agents.remove_files([old[r] for r in replaced if old[r].node_id not in lost])
+        for agent in holdings.agents.retire(sorted(leaving)):
+            cluster.kill(agent)
+        builder.restart(plan.node_order)
+        new = _join(builder, holdings, world, plan, world.attempt + 1)
+        if self.life.phase is not GroupPhase.RESTARTING:
+            new.end()  # (its actors are held: the teardown after the abort kills them)
+            raise RestartAborted("the group was shut down during its warm restart")
+        holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
+        seconds = cluster.time() - failed_at
+        taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
+        holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
+        return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
 
 
 def settle_survivors(

@@ -8,7 +8,8 @@ a moment; it states the outcome: the values' attempt and world size, or the
 error and the rank (and node) it names, and how many worker processes were
 started in all (a warm restart replaces only the dead: 4 + 1; a fresh one
 starts over: 4 + 4). Every row also checks that the run left nothing: no
-worker, agent, placement or timer. Time is virtual: a row that waits out a
+worker, agent, placement or timer. ``WAITING`` does the same for the moment
+before any worker exists, while the run waits for room. Time is virtual: a row that waits out a
 60 s timeout takes milliseconds.
 """
 
@@ -37,6 +38,7 @@ MODES: Dict[str, Dict[str, Any]] = {
     "spare": dict(num_workers=4, max_restarts=1, spare_workers=1),
     "elastic": dict(num_workers=(2, 4), max_restarts=1),
 }
+LONG_CALL_S = 60.0  # how long a call on a draining node runs: it outlives the drain's deadline
 Moment = List[Tuple[str, Optional[str], int, int]]  # faults: (method, kind (None: the row's), rank or slot, nth call)
 DEATH = ("execute", "die", 1, 0)  # rank 1 dies in the call: what starts a restart
 MOMENTS: Dict[str, Moment] = {
@@ -256,11 +258,50 @@ TABLE: List[Tuple[str, str, str, Outcome]] = [
     ("shutting down", "interrupt", "fresh", Fails(KeyboardInterrupt, "", started=4)),
     ("shutting down", "interrupt", "spare", Fails(KeyboardInterrupt, "", started=5)),
     ("shutting down", "interrupt", "elastic", Fails(KeyboardInterrupt, "", started=4)),
+    # A drain: the node goes 20 s after its notice, under a call that runs 60 s; a
+    # preemption is not counted against max_restarts, so even "none" restarts.
+    ("starting", "drain-node", "none", Fails(WorkerGroupError, "root cause: worker 1 before it reported where it runs", started=4)),
+    ("starting", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("starting", "drain-node", "fresh", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("starting", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("starting", "drain-node", "elastic", Ok(attempt=1, size=3, started=7)),
+    ("initialising", "drain-node", "none", Fails(WorkerGroupError, "root cause: rank 1 on node node-a (10.0.0.65)", started=4)),
+    ("initialising", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("initialising", "drain-node", "fresh", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("initialising", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("initialising", "drain-node", "elastic", Ok(attempt=1, size=3, started=7)),
+    ("running", "drain-node", "none", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("running", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("running", "drain-node", "fresh", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("running", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("running", "drain-node", "elastic", Ok(attempt=1, size=3, started=5)),
+    ("settling", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=4)),
+    ("settling", "drain-node", "fresh", Ok(attempt=1, size=4, started=8)),
+    ("settling", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("settling", "drain-node", "elastic", Ok(attempt=1, size=2, started=4)),
+    ("spare joining", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 4 such workers fit", started=5)),
+    ("rebuilding", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("rebuilding", "drain-node", "fresh", Fails(WorkerGroupError, "root cause: worker 0 before it reported where it runs", started=8)),
+    ("rebuilding", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("rebuilding", "drain-node", "elastic", Ok(attempt=1, size=3, started=8)),
+    ("re-initialising", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("re-initialising", "drain-node", "fresh", Fails(WorkerGroupError, "root cause: rank 0 on node node-a (10.0.0.65)", started=8)),
+    ("re-initialising", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("re-initialising", "drain-node", "elastic", Ok(attempt=1, size=3, started=8)),
+    ("rerunning", "drain-node", "warm", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=5)),
+    ("rerunning", "drain-node", "fresh", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=8)),
+    ("rerunning", "drain-node", "spare", Fails(InfeasibleResourcesError, "at most 3 such workers fit", started=6)),
+    ("rerunning", "drain-node", "elastic", Ok(attempt=2, size=3, started=6)),
+    ("shutting down", "drain-node", "none", Ok(attempt=0, size=4, started=4)),
+    ("shutting down", "drain-node", "warm", Ok(attempt=0, size=4, started=4)),
+    ("shutting down", "drain-node", "fresh", Ok(attempt=0, size=4, started=4)),
+    ("shutting down", "drain-node", "spare", Ok(attempt=0, size=4, started=5)),
+    ("shutting down", "drain-node", "elastic", Ok(attempt=0, size=4, started=4)),
 ]
 
 
-def run(faults: List[Fault], mode: str, **options: Any) -> Tuple[FakeCluster, Outcome]:
-    cluster = FakeCluster(NODES, faults)
+def run(faults: List[Fault], mode: str, cluster: Optional[FakeCluster] = None, **options: Any) -> Tuple[FakeCluster, Outcome]:
+    cluster = cluster or FakeCluster(NODES, faults)
     config = RunConfig(flight_recorder=False, timeout=60, startup_timeout=30, **{**MODES[mode], **options})
     try:
         values = run_call(
@@ -280,7 +321,10 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize(("moment", "kind", "mode", "expected"), TABLE, ids=[f"{m}-{k}-{o}" for m, k, o, _ in TABLE])
 def test_a_fault_at_each_moment(moment: str, kind: str, mode: str, expected: Outcome) -> None:
-    faults = [Fault(method, chosen or kind, who=who, nth=nth) for method, chosen, who, nth in MOMENTS[moment]]
+    faults = [
+        Fault(method, chosen or kind, who=who, nth=nth, seconds=0 if chosen else LONG_CALL_S)
+        for method, chosen, who, nth in MOMENTS[moment]
+    ]
     cluster, outcome = run(faults, mode)
     assert all(fault.fired for fault in faults)
     if isinstance(expected, Fails):
@@ -293,9 +337,66 @@ def test_a_fault_at_each_moment(moment: str, kind: str, mode: str, expected: Out
 
 def test_the_table_covers_every_moment_fault_and_mode() -> None:
     covered = {(moment, kind) for moment, kind, _, _ in TABLE}
-    assert covered == {(moment, kind) for moment in MOMENTS for kind in ("raise", "die", "hang", "lose-node", "interrupt")}
+    assert covered == {(moment, kind) for moment in MOMENTS for kind in ("raise", "die", "hang", "lose-node", "drain-node", "interrupt")}
     assert {mode for _, _, mode, _ in TABLE} == set(MODES)
-    assert len(TABLE) >= 80
+    assert len(TABLE) + len(WAITING) >= 80
+    assert {kind for kind, _, _ in WAITING} == {"room", "hang", "lose-node", "drain-node", "interrupt"}
+
+
+# Waiting for placement: another program holds node-a's 2 CPUs until 5 s in
+# ("hang": for good); at 2 s node-b is lost or starts draining, or Ctrl-C
+# arrives. No worker exists yet, so nothing can raise or die. An elastic run
+# starts at once with the 3 that fit.
+WAITING: List[Tuple[str, str, Outcome]] = [
+    ("room", "none", Ok(attempt=0, size=4, started=4)),
+    ("room", "warm", Ok(attempt=0, size=4, started=4)),
+    ("room", "fresh", Ok(attempt=0, size=4, started=4)),
+    ("room", "spare", Ok(attempt=0, size=4, started=5)),
+    ("room", "elastic", Ok(attempt=0, size=3, started=3)),
+    ("hang", "none", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("hang", "warm", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("hang", "fresh", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("hang", "spare", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("hang", "elastic", Ok(attempt=0, size=3, started=3)),
+    ("lose-node", "none", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("lose-node", "warm", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("lose-node", "fresh", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("lose-node", "spare", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("lose-node", "elastic", Ok(attempt=0, size=3, started=3)),
+    ("drain-node", "none", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("drain-node", "warm", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("drain-node", "fresh", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("drain-node", "spare", Fails(InfeasibleResourcesError, "gave up after 30 s", started=0)),
+    ("drain-node", "elastic", Ok(attempt=0, size=3, started=3)),
+    ("interrupt", "none", Fails(KeyboardInterrupt, "", started=0)),
+    ("interrupt", "warm", Fails(KeyboardInterrupt, "", started=0)),
+    ("interrupt", "fresh", Fails(KeyboardInterrupt, "", started=0)),
+    ("interrupt", "spare", Fails(KeyboardInterrupt, "", started=0)),
+    ("interrupt", "elastic", Ok(attempt=0, size=3, started=3)),
+]
+
+
+@pytest.mark.parametrize(("kind", "mode", "expected"), WAITING, ids=[f"waiting-{k}-{m}" for k, m, _ in WAITING])
+def test_a_fault_while_waiting_for_placement(kind: str, mode: str, expected: Outcome) -> None:
+    cluster = FakeCluster(NODES)
+    other = cluster.occupy("node-a", {"CPU": 2})
+    if kind != "hang":
+        cluster.after(5.0, lambda: cluster.free(other), "fake-room")
+    strike = {
+        "lose-node": lambda: cluster.lose_node("node-b"),
+        "drain-node": lambda: cluster.drain_node("node-b", cluster.time() + 20.0),
+        "interrupt": cluster.interrupt,
+    }.get(kind)
+    if strike is not None:
+        cluster.after(2.0, strike, "fake-fault")
+    _, outcome = run([], mode, cluster=cluster)
+    if isinstance(expected, Fails):
+        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
+        assert expected.says in outcome.says and outcome.started == expected.started, outcome
+    else:
+        assert outcome == expected
+    cluster.free(other)
+    assert cluster.leftovers() == []
 
 
 KINDS = ("raise", "die", "hang", "lose-node", "drain-node", "interrupt")
@@ -320,7 +421,8 @@ def test_random_fault_schedules_keep_the_engines_promises(faults: List[Fault], m
     without restarts, a single rank that raised or died is the root cause named."""
     cluster, outcome = run(faults, mode)
     assert cluster.leftovers() == []
-    allowed = MODES[mode].get("max_restarts", 0)
+    preemptions = sum(fault.kind == "drain-node" for fault in cluster.faults.fired)  # restarts not counted
+    allowed = MODES[mode].get("max_restarts", 0) + preemptions
     if isinstance(outcome, Ok):
         low, high = (4, 4) if isinstance(MODES[mode]["num_workers"], int) else MODES[mode]["num_workers"]
         assert outcome.attempt <= allowed and low <= outcome.size <= high, outcome
