@@ -47,6 +47,11 @@ class VirtualClock:
         self._actions: List[Callable[[], None]] = []  # to run at the next step, in order
         self._order = itertools.count()
         self._lock = threading.Lock()
+        self._interrupted = False
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the engine's wait in progress, or its next, raises KeyboardInterrupt."""
+        self._interrupted = True
 
     def after(self, delay: float, fn: Callable[[], None], name: str) -> VirtualTimer:
         with self._lock:
@@ -68,6 +73,9 @@ class VirtualClock:
         while True:
             self._run_actions()
             step()
+            if self._interrupted:
+                self._interrupted = False
+                raise KeyboardInterrupt  # Ctrl-C reaches the driver where it blocks
             if self.busy:
                 continue
             if settled():

@@ -45,7 +45,6 @@ class FakeCluster:
         self._table: Dict[bytes, Any] = {}  # what pickle() stood for
         self.processes = FakeProcesses(self._table.__getitem__)
         self._lock = threading.RLock()
-        self._interrupted = False  # an "interrupt" fault: the next wait raises KeyboardInterrupt
 
     # -- who is there ---------------------------------------------------------
     def connect(self, address: Optional[str], startup_timeout: float) -> None:
@@ -98,7 +97,7 @@ class FakeCluster:
 
     def free(self, reservation: FakeReservation) -> None:
         with self._lock:
-            reservation.freed = True
+            self.nodes.release(reservation)
             self.processes.end_all("the placement group was removed", lambda p: getattr(p, "reservation", None) == reservation.number, -9)
 
     def wait_released(self, held: Mapping[str, Mapping[str, float]]) -> None:
@@ -148,15 +147,8 @@ class FakeCluster:
     def _until(self, pending: Sequence[FakeCall], count: int, deadline: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:
         """Run what can run and move the clock until ``count`` of ``pending`` ended or ``deadline`` came."""
         settled = lambda: bool(pending) and sum(call.ended for call in pending) >= count  # noqa: E731
-        self.clock.run_until(settled, deadline, self._step, str([c for c in pending if not c.ended]))
+        self.clock.run_until(settled, deadline, self._run_queued, str([c for c in pending if not c.ended]))
         return [call for call in pending if call.ended], [call for call in pending if not call.ended]
-
-    def _step(self) -> None:
-        with self._lock:
-            self._run_queued()
-            if self._interrupted:
-                self._interrupted = False
-                raise KeyboardInterrupt  # Ctrl-C reaches the driver where it blocks
 
     def get(self, pending: Sequence[FakeCall], timeout: Optional[float] = None) -> List[Any]:
         _, not_ended = self.wait(pending, len(pending), timeout)
@@ -169,12 +161,13 @@ class FakeCluster:
 
     def _run_queued(self) -> None:
         """Run every call that can run, oldest first, each process's in order."""
-        while not self.clock.busy and (runnable := self.processes.runnable()):
-            for call in runnable:
-                if call.state == "queued":  # (else its process died with an earlier call of this round: a lost node)
-                    self._run(call)
-                if self.clock.busy:
-                    return  # an action runs before the next call
+        with self._lock:
+            while not self.clock.busy and (runnable := self.processes.runnable()):
+                for call in runnable:
+                    if call.state == "queued":  # (else its process died with an earlier call of this round: a lost node)
+                        self._run(call)
+                    if self.clock.busy:
+                        return  # an action runs before the next call
 
     def _run(self, call: FakeCall) -> None:
         """Run ``call``, or do what the fault that strikes it says instead."""
@@ -184,7 +177,7 @@ class FakeCluster:
         if fault is not None and fault.action is not None:
             self.clock.soon(fault.action)  # "act": as another thread, before the call runs
         if kind == "interrupt":
-            self.interrupt()
+            self.clock.interrupt()
         if kind == "drain-node":  # (a call given ``seconds`` runs on while its node drains, as training does)
             self.drain_node(process.node_id, self.time() + DRAIN_NOTICE_S)
             kind = "slow" if fault.seconds else None  # type: ignore[union-attr]
@@ -217,16 +210,6 @@ class FakeCluster:
             self.nodes.nodes[node_id].drain_deadline = deadline
             self.clock.after(max(0.0, deadline - self.time()), partial(self.lose_node, node_id), "fake-drain-end")
 
-    def occupy(self, node_id: str, resources: Mapping[str, float]) -> FakeReservation:
-        """Another program's placement on ``node_id`` (``free`` it to make room)."""
-        with self._lock:
-            return self.nodes.occupy(node_id, resources)
-
-    def interrupt(self) -> None:
-        """Ctrl-C: the engine's next wait raises KeyboardInterrupt."""
-        with self._lock:
-            self._interrupted = True
-
     def add_node(self, node_id: str, resources: Mapping[str, float]) -> None:
         with self._lock:
             self.nodes.add(node_id, resources)
@@ -236,8 +219,7 @@ class FakeCluster:
         with self._lock:
             self.connected = False
             self.processes.end_all("the cluster was shut down")
-            for reservation in self.nodes.reservations:
-                reservation.freed = True  # gone with it
+            self.nodes.release_all()  # gone with it
 
     def leftovers(self) -> List[str]:
         """Everything still alive or held: workers, agents, placements, timers (empty after a clean shutdown)."""

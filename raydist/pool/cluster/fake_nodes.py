@@ -95,6 +95,13 @@ class FakeNodes:
         self.reservations.append(reservation)
         return reservation
 
+    def release(self, reservation: FakeReservation) -> None:
+        reservation.freed = True
+
+    def release_all(self) -> None:
+        for reservation in self.reservations:
+            reservation.freed = True
+
     def place(self, reservation: FakeReservation) -> None:
         """Put each unplaced bundle on the first node with room (one pass over
         the nodes: the bundles are alike, so a node without room for one now

@@ -379,13 +379,13 @@ WAITING: List[Tuple[str, str, Outcome]] = [
 @pytest.mark.parametrize(("kind", "mode", "expected"), WAITING, ids=[f"waiting-{k}-{m}" for k, m, _ in WAITING])
 def test_a_fault_while_waiting_for_placement(kind: str, mode: str, expected: Outcome) -> None:
     cluster = FakeCluster(NODES)
-    other = cluster.occupy("node-a", {"CPU": 2})
+    other = cluster.nodes.occupy("node-a", {"CPU": 2})  # another program's placement
     if kind != "hang":
         cluster.after(5.0, lambda: cluster.free(other), "fake-room")
     strike = {
         "lose-node": lambda: cluster.lose_node("node-b"),
         "drain-node": lambda: cluster.drain_node("node-b", cluster.time() + 20.0),
-        "interrupt": cluster.interrupt,
+        "interrupt": cluster.clock.interrupt,
     }.get(kind)
     if strike is not None:
         cluster.after(2.0, strike, "fake-fault")
