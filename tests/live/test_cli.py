@@ -435,6 +435,7 @@ def hold_port(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.soak  # the test harness's own head (ray_head.py), not raydist: every attached test uses it
 @pytest.mark.timeout(150)
 def test_a_port_taken_while_the_head_starts_costs_a_new_head_not_a_dead_one(monkeypatch: pytest.MonkeyPatch) -> None:
     # The client server binds its port seconds after the dashboard answers; a port taken meanwhile made it
@@ -473,6 +474,7 @@ threading.Event().wait()  # until killed
 """
 
 
+@pytest.mark.soak  # the test harness's own head (ray_head.py), not raydist
 @pytest.mark.timeout(150)
 def test_a_head_ends_with_the_test_process_that_started_it() -> None:
     # A tier cut short (its process killed) once left a `ray start --head --block` running for hours.

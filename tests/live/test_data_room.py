@@ -106,6 +106,11 @@ def test_a_private_ray_leaves_ray_data_a_cpu_beside_workers_that_hold_the_machin
     )
     assert run.returncode == 0, explain(run)
     assert_rows_split_whole([json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)])
+
+
+@pytest.mark.soak  # the Python entry point of the private Ray the test above starts through the CLI
+def test_a_private_ray_of_a_python_driver_leaves_ray_data_a_cpu(private_env: Dict[str, str]) -> None:
+    per_worker = f"{machine_cpus() / 2:g}"
     driver = subprocess.run(
         [sys.executable, "-c", DATASETS_DRIVER, per_worker], env=private_env, cwd=REPO, capture_output=True, text=True, timeout=180
     )
@@ -137,6 +142,7 @@ def test_datasets_on_a_cluster_whose_cpus_the_workers_hold_fail_naming_the_fix(c
     wait_for(lambda: live_data_actors() == [], 30, "the split coordinators to be gone")
 
 
+@pytest.mark.soak  # the script entry point of the check test_datasets_on_a_cluster_whose_cpus_the_workers_hold_fail_naming_the_fix makes
 @pytest.mark.nodes(NODE, NODE, NODE)
 def test_split_dataset_in_a_script_on_a_cluster_whose_cpus_the_workers_hold_fails_naming_the_fix(cluster: object, tmp_path: Path) -> None:
     script = tmp_path / "split.py"

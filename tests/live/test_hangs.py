@@ -37,7 +37,7 @@ def last_rank_skips_the_sixth(instead: str = "") -> None:
 
 def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numbers() -> None:
     with pytest.raises(raydist.WorkerGroupTimeout) as caught:
-        raydist.run(last_rank_skips_the_sixth, num_workers=3, timeout=8, resources_per_worker=HALF_CPU)
+        raydist.run(last_rank_skips_the_sixth, num_workers=3, timeout=4, resources_per_worker=HALF_CPU)
     assert caught.value.collectives == SKIPPED_OF_3
     assert SKIPPED_OF_3 in str(caught.value) and "in all_reduce at distributed_c10d.py" in str(caught.value)
     assert_nothing_left()

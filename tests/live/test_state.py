@@ -100,7 +100,10 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
     assert_nothing_left(within=30, files=False)  # the run's keeper went with it (a crashed rank's files may stay)
 
 
-@pytest.mark.parametrize("mode", ["warm", pytest.param("fresh", marks=pytest.mark.soak)])  # make test: warm
+# soak: the CLI entry point of save_state (make test: test_a_crashed_rank_resumes_bit_identical through the API,
+# test_torchrun_with_a_state_dir_saves_and_resumes as a script, test_cli's restarts of a script)
+@pytest.mark.soak
+@pytest.mark.parametrize("mode", ["warm", "fresh"])
 def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, Any]], mode: str, tmp_path: Path) -> None:
     out = tmp_path / "rank0.pt"
     result = subprocess.run(
