@@ -101,7 +101,7 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
 
 
 # soak: the CLI entry point of save_state (make test: test_a_crashed_rank_resumes_bit_identical through the API,
-# test_torchrun_with_a_state_dir_saves_and_resumes as a script, test_cli's restarts of a script)
+# test_torchrun_with_a_state_dir_saves_and_resumes as a script, test_warm_restarts' script restarting in place)
 @pytest.mark.soak
 @pytest.mark.parametrize("mode", ["warm", "fresh"])
 def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, Any]], mode: str, tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ class Stoppable:
         self.stopped.set()
 
 
-@pytest.mark.soak  # test_state's crash with a spare runs in make test
+@pytest.mark.soak  # a spare takes a crashed rank's place in make test: test_stragglers::test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worlds
 @pytest.mark.usefixtures("ray_local")
 def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
@@ -272,13 +272,14 @@ def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
     return seen
 
 
-@pytest.mark.soak  # test_state's scripts restart in both modes in make test
 @pytest.mark.usefixtures("ray_local")
-def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path) -> None:
-    warm = script_pids(tmp_path, "--restart-mode", "warm")
-    assert warm[1] == warm[0]  # rank 1 exited with a status: its process lives, and both are kept
-    fresh = script_pids(tmp_path)
-    assert not set(fresh[1].values()) & set(fresh[0].values())  # torchrun's semantics: new processes
+@pytest.mark.parametrize("mode", ["warm", pytest.param("fresh", marks=pytest.mark.soak)])  # fresh: test_cli's script restarts
+def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path, mode: str) -> None:
+    pids = script_pids(tmp_path, *(["--restart-mode", "warm"] if mode == "warm" else []))
+    if mode == "warm":
+        assert pids[1] == pids[0]  # rank 1 exited with a status: its process lives, and both are kept
+    else:
+        assert not set(pids[1].values()) & set(pids[0].values())  # torchrun's semantics: new processes
     assert_nothing_left(within=30)  # a restart tears the old world down in the background
 
 
