@@ -15,12 +15,23 @@ $(PY):
 
 venv: $(PY)
 
-install: venv
+# Stamps: pip runs again only when pyproject.toml or the pin changes (a
+# no-op pip install of an editable package still takes seconds).
+INSTALLED := $(VENV)/.installed
+TEST_INSTALLED := $(VENV)/.installed-test
+
+$(INSTALLED): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH_PIN)
 	$(PIP) install --quiet -e .
+	touch $@
 
-install-test: install
+$(TEST_INSTALLED): $(INSTALLED)
 	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+install: $(INSTALLED)
+
+install-test: $(TEST_INSTALLED)
 
 horovod: install
 	bash scripts/install-horovod.sh $(PY)
