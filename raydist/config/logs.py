@@ -143,3 +143,34 @@ LOCAL_RANKS_FILTER = Option(
         "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
     ),
 )
+
+
+def check_timeline(name: str, value: Any) -> str:
+    """A file to write in an existing directory; not a directory."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a file path, not {type_name(value)} {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"{name} must name a file, got {value!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} is a directory; give a file path such as {os.path.join(path, 'timeline.json')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{name} {path!r}: its directory {folder!r} does not exist")
+    return path
+
+
+TIMELINE = Option(
+    None,
+    check=optional(check_timeline),
+    doc="write the run's timeline to this file as it goes: every attempt's placement, each rank's "
+    "start, initialisation and calls, failures with their cause, restarts and spares, and the run's "
+    "phases, as Chrome trace JSON (open it in ui.perfetto.dev or chrome://tracing). Written on the "
+    "driver's machine; a driver killed mid-run leaves the events so far (drop the last comma, add ``]``).",
+    flag=flag(
+        "--timeline",
+        metavar="FILE",
+        help="write the run's timeline to FILE as it goes (Chrome trace JSON: open it in "
+        "ui.perfetto.dev): placement, each rank's start, init and calls, failures, restarts, spares",
+    ),
+)

@@ -21,6 +21,7 @@ from raydist.pool import signals
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.call_check import check_call
+from raydist.pool.driver.timeline_events import call_ended
 from raydist.pool.driver.waiting import Waited, wait_for_ranks
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, Outcome
@@ -104,6 +105,7 @@ class WorkerFuture:
         self.world, self.refs, self.number = world, refs, number  # the world the call was sent to
         self.actors = list(world.actors)
         self.deadline = deadline  # the group's timeout (on its cluster's clock)
+        self.sent_at = hooks.cluster.time()  # for the run's timeline
         self._result: Optional[List[Any]] = None
         self._error: Optional[BaseException] = None
 
@@ -168,6 +170,7 @@ def end_of_call(
     if why is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
         failures = explain_deaths(failures, world.workers, world.agents)
     end = classify_end(failures, waited.pending, stopped=why, drained_nodes=world.drained)
+    call_ended(world.timeline, world, future.number, future.sent_at, waited, failures)
     if end is CallEnd.FINISHED:
         return world.settle_output(future.number, waited.results), None, waited
     return None, error_for(end, world, waited, failures, config_timeout or 0.0), waited  # a timeout says the one set
@@ -209,6 +212,7 @@ def forward_signal(cluster: Cluster, world: World, error: BaseException, future:
         shutdown_timeout,
     )
     world.agents.ask(world.workers, range(world.size), "signal", signum)
+    world.timeline.instant(f"{signals.SignalReceived(signum).name} forwarded to every rank", "signal", attempt=world.attempt)
     deadline = cluster.monotonic() + shutdown_timeout
     pending = list(future.refs)
     while pending and not signals.hurried() and cluster.monotonic() < deadline:

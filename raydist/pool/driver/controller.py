@@ -59,7 +59,6 @@ class RunController:
         self.attempts = Attempts(config, fresh_restarts, policy)
         self._state = RunState()  # save_state's copies outlive every attempt
         self._hooks = group_hooks(config)  # a missing backend library fails here, before the cluster
-        self.life = Lifecycle()
         self._grow = False  # the world was stopped because the cluster has room for more
         self._calls = 0
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
@@ -76,6 +75,7 @@ class RunController:
             weak_stopper(self.grow, CallEnd.GROW),  # held weakly: a group dropped without shutdown() is freed
             extra_env=self._state.env(config, cluster),
         )
+        self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self._start(None)
 
     # -- attempts ----------------------------------------------------------

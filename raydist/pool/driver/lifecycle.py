@@ -14,10 +14,12 @@ from raydist.pool.records import CallEnd, GroupPhase, check_transition
 class Lifecycle:
     """The phase, under one short lock; ``changed`` wakes waiters on each move."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_move: Callable[[str], None] = lambda phase: None) -> None:
+        self._on_move = on_move  # told each new phase's name (the run's timeline), under the lock
         self.lock = threading.RLock()  # also orders submissions; held only briefly
         self.changed = threading.Condition(self.lock)
         self.phase = GroupPhase.STARTING
+        on_move(self.phase.name.lower())
         self.stopped: Optional[CallEnd] = None  # why the group was stopped (CANCELLED, GROW, SHUT_DOWN)
 
     def move(self, to: GroupPhase) -> None:
@@ -25,6 +27,7 @@ class Lifecycle:
         with self.lock:
             check_transition(self.phase, to)
             self.phase = to
+            self._on_move(to.name.lower())
             self.changed.notify_all()
 
     def move_if(self, current: GroupPhase, to: GroupPhase, when: Callable[[], bool] = lambda: True) -> bool:

@@ -25,6 +25,7 @@ from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, Work
 from raydist.pool.driver.lifecycle import Lifecycle
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
+from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
 from raydist.pool.records import GroupPhase
@@ -100,11 +101,13 @@ class WarmRestart:
         for agent in holdings.agents.retire(sorted(leaving)):
             cluster.kill(agent)
         builder.restart(plan.node_order)
+        spare_pids = {holdings.spares.ready[i].placement.pid for i in plan.spares}
         new = _join(builder, holdings, world, plan, world.attempt + 1)
         if self.life.phase is not GroupPhase.RESTARTING:
             new.end()  # (its actors are held: the teardown after the abort kills them)
             raise RestartAborted("the group was shut down during its warm restart")
         holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
+        world_ready(builder.timeline, new, old, spare_pids)
         seconds = cluster.time() - failed_at
         taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
         holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])

@@ -25,6 +25,7 @@ from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.stragglers import StragglerWatch
+from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.driver.world import Watchers, World
@@ -42,6 +43,8 @@ from raydist.pool.rules.sizing import (
     selection_text,
     worker_bundle,
 )
+from raydist.pool.timeline import ENV_VAR as TIMELINE_ENV
+from raydist.pool.timeline import Timeline
 from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
 
 # How long a graceful shutdown waits for workers to leave the process group.
@@ -127,7 +130,9 @@ class GroupBuilder:
     ):
         self.config = config
         self._cluster = cluster
-        self._extra_env = dict(extra_env or {})  # the run's variables for every rank (its training state)
+        self.timeline = Timeline(config.timeline, cluster.time)  # the run's, every attempt in it: each world records into it
+        on = {TIMELINE_ENV: "1"} if self.timeline.on else {}
+        self._extra_env = {**(extra_env or {}), **on}  # the run's variables for every rank (its training state, the timeline)
         self._hooks = hooks
         self._logs = logs
         self._router = router
@@ -144,6 +149,7 @@ class GroupBuilder:
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
             world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
+            world_ready(self.timeline, world)
             # Off the start path: the other nodes' agents start while the first call runs.
             holdings.agents.start([worker.node_id for worker in world.workers] + [spare.node_id for spare in standby])
             return world
@@ -176,7 +182,9 @@ class GroupBuilder:
             sizes = (count, count)
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
+        asked = cluster.time()
         pg, size = cluster.reserve(request, config.startup_timeout)
+        self.timeline.span("waiting for placement", "placement", asked, cluster.time(), workers=size * request.per_bundle)
         agents = NodeAgents(cluster, cluster.driver_node())
         pool = SparePool(cluster, spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
         return Holdings(cluster, accelerator, bundle, request, pg, pool, agents=agents, slots=size * request.per_bundle)
@@ -218,9 +226,8 @@ class GroupBuilder:
             watching.stop()
             output.close()
             raise
-        world = World(
-            number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, self.config.flight_recorder
-        )
+        recorder, timeline = self.config.flight_recorder, self.timeline
+        world = World(number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, recorder, timeline)
         watching.start(*watchers(self.config, holdings, world, self._stop_group))
         return world
 

@@ -8,7 +8,7 @@ waits, spots the first failure early, and turns each failed rank into a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from raydist.errors import WorkerFailure
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
@@ -35,6 +35,13 @@ class Waited:
     failures: List[WorkerFailure] = field(default_factory=list)
     pending: List[int] = field(default_factory=list)
     unsent: List[int] = field(default_factory=list)  # ranks whose value could not come back (markers unknown)
+    spans: Dict[int, Tuple[Any, ...]] = field(default_factory=dict)  # rank -> what it recorded for the timeline
+
+    def keep(self, rank: int, value: Any) -> Any:
+        """``value`` as the rank's result: an Outcome's spans are kept here."""
+        if isinstance(value, Outcome) and value.spans:
+            self.spans[rank] = value.spans
+        return value
 
     @property
     def marked_failures(self) -> List[int]:
@@ -68,7 +75,8 @@ def wait_for_ranks(
         pass
     else:
         if not any(isinstance(value, Outcome) and not value.ok for value in waited.results):
-            waited.results = [value.value if isinstance(value, Outcome) else value for value in waited.results]
+            kept = [waited.keep(rank, value) for rank, value in enumerate(waited.results)]
+            waited.results = [value.value if isinstance(value, Outcome) else value for value in kept]
             return waited
         waited.results = [None] * len(refs)
     while pending and not waited.failures:
@@ -113,7 +121,7 @@ def _take(
             if actors is not None:
                 waited.unsent.append(rank)
             continue
-        if isinstance(value, Outcome):
+        if isinstance(waited.keep(rank, value), Outcome):
             if not value.ok:
                 waited.failures.append(rank_failure(rank, worker, outcome=value, now=cluster.time()))
                 continue

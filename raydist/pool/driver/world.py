@@ -25,6 +25,7 @@ from raydist.pool.rules.explain import format_stacks
 from raydist.pool.rules.hangs import where_collectives_are
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.stragglers import Straggler
+from raydist.pool.timeline import Timeline
 
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
@@ -89,6 +90,7 @@ class World:
     agents: NodeAgents  # the group's node agents (shared by its worlds): the reads go through them
     watchers: Watchers = field(default_factory=Watchers)
     flight_recorder: bool = True
+    timeline: Timeline = field(default_factory=lambda: Timeline(None))  # the run's (it outlives the world)
 
     @property
     def size(self) -> int:

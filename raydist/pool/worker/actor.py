@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -19,6 +20,8 @@ import ray.cloudpickle
 from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
+from raydist.pool.timeline import ENV_VAR as TIMELINE_ENV
+from raydist.pool.timeline import SpanBuffer, process_started
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
@@ -29,6 +32,9 @@ from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 # imported only inside the actor's methods, so a driver never loads it.
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
+
+SPANS = SpanBuffer()  # this process's spans for the run's timeline
+PROCESS_STARTED = process_started()
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -99,13 +105,39 @@ def _raised_in_collective(error: BaseException) -> bool:
 
 def _sent_compact(execute: Callable[[Any, Optional[bytes]], Outcome]) -> Callable[[Any, Optional[bytes]], Any]:
     """A plain success goes back as its bare value (``Outcome.to_send``): the
-    driver reads either form."""
+    driver reads either form. With the run's timeline on, the call's span and
+    what else this rank recorded since its last result go with it."""
 
     @functools.wraps(execute)
     def run(self: Any, call: Optional[bytes] = None) -> Any:
-        return execute(self, call).to_send()
+        if not SPANS.on:
+            return execute(self, call).to_send()
+        started = time.time()
+        outcome = execute(self, call)
+        SPANS.add("call", "call", started, time.time())
+        return dataclasses.replace(outcome, spans=SPANS.take()).to_send()
 
     return run
+
+
+def _spanned(name: str, cat: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Record a start-up step as a span (kept: the timeline is switched on by
+    the run's environment, which set-up brings, and sent with the first result)."""
+
+    def wrap(step: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(step)
+        def timed(self: Any, *args: Any) -> Any:
+            started = PROCESS_STARTED if name == "start" and not SPANS.started else time.time()
+            value = step(self, *args)
+            SPANS.switch(bool(os.environ.get(TIMELINE_ENV)))
+            if name != "start" or not SPANS.started:  # a kept process is described again at each warm restart
+                SPANS.add(name, cat, started, time.time(), pid=os.getpid())
+            SPANS.started = True
+            return value
+
+        return timed
+
+    return wrap
 
 
 class RayWorker:
@@ -126,6 +158,7 @@ class RayWorker:
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
 
+    @_spanned("start", "start")  # the process's start and imports, until it reports where it runs
     def describe(self, index: int, used_ports: AbstractSet[int] = frozenset()) -> Placement:
         """Where this worker runs, and a free port for MASTER_PORT other than
         the group's earlier ones (`used_ports`), held until set-up (rank 0's
@@ -148,6 +181,7 @@ class RayWorker:
             evidence=evidence,
         )
 
+    @_spanned("init", "init")  # the launcher environment and the process group
     def setup(self, spec: WorkerSpec) -> Optional["DistInfo"]:
         """Set the launcher environment, then (unless the code initialises itself) initialise."""
         from raydist.core import collectives
@@ -167,7 +201,9 @@ class RayWorker:
             # torch's @record writes the file but does not create its directory.
             os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
         if spec.config.numa_binding is not None:
-            self._bind(spec)
+            from raydist.pool.worker.binding import bind_rank
+
+            bind_rank(spec)
         threshold = spec.config.object_store_threshold
         if threshold is not None:
             collectives.set_large_object_transport(RayObjectStoreTransport(threshold))
@@ -206,17 +242,6 @@ class RayWorker:
 
     def _note_connections(self, opened: FrozenSet[Connection]) -> None:
         self._group_connections |= opened
-
-    def _bind(self, spec: WorkerSpec) -> None:
-        """torchrun's --numa-binding, before any user code runs; where it cannot
-        apply, local rank 0 of the node says why in one line."""
-        from raydist.core.environment import DEVICE_INDEX_VAR
-        from raydist.pool.worker.binding import apply_numa_binding
-
-        index = os.environ.get(DEVICE_INDEX_VAR)
-        why = apply_numa_binding(spec.config.numa_binding or "", spec.device_type, int(index) if index else None)
-        if why and spec.worker.local_rank == 0:
-            print(why, file=sys.stderr, flush=True)
 
     @_sent_compact
     @marks_output  # lets the driver wait for the lines this call printed

@@ -17,7 +17,11 @@ there raises, as under torchrun.
 from __future__ import annotations
 
 import os
-from typing import Optional, Set
+import sys
+from typing import TYPE_CHECKING, Optional, Set
+
+if TYPE_CHECKING:
+    from raydist.pool.records import WorkerSpec
 
 NUMA_SYSFS = "/sys/devices/system/node"
 
@@ -64,3 +68,14 @@ def apply_numa_binding(mode: str, device_type: str, device_index: Optional[int])
     except BindingSkipped as skipped:
         return f"raydist: --numa-binding {mode} not applied on this node: {skipped}"
     return None
+
+
+def bind_rank(spec: "WorkerSpec") -> None:
+    """torchrun's --numa-binding for the rank ``spec`` sets up, before any user
+    code runs; where it cannot apply, local rank 0 of the node says why in one line."""
+    from raydist.core.environment import DEVICE_INDEX_VAR
+
+    index = os.environ.get(DEVICE_INDEX_VAR)
+    why = apply_numa_binding(spec.config.numa_binding or "", spec.device_type, int(index) if index else None)
+    if why and spec.worker.local_rank == 0:
+        print(why, file=sys.stderr, flush=True)

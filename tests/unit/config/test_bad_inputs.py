@@ -48,6 +48,11 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "object_store_threshold": [({"object_store_threshold": -1}, ValueError, "object_store_threshold")],
     "pg_timeout": [({"pg_timeout": 0}, ValueError, "pg_timeout")],
     "log_dir": [({"log_dir": __file__}, ValueError, "log_dir")],  # an existing file
+    "timeline": [
+        ({"timeline": "/"}, ValueError, "is a directory"),
+        ({"timeline": "/no/such/dir/t.json"}, ValueError, "does not exist"),
+        ({"timeline": 3}, TypeError, "file path"),
+    ],
     "redirects": [({"redirects": "0:1,0:2"}, ValueError, "redirects '0:1,0:2' gives local rank 0 more than once")],
     "tee": [({"tee": "0:1,0:2"}, ValueError, "tee '0:1,0:2' gives local rank 0 more than once"), ({"tee": 4}, ValueError, "tee")],
     "local_ranks_filter": [({"local_ranks_filter": "0,0"}, ValueError, "local_ranks_filter names local rank 0 more than once")],
@@ -130,6 +135,7 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
     "--state-dir": [(["--state-dir", __file__], "not a directory"), (["--state-dir", "nosuch://b/x"], "unknown scheme")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
+    "--timeline": [(["--timeline", "/no/such/dir/t.json"], "does not exist")],
 }
 # Flags that take no value and combine with every other: nothing to get wrong.
 FLAGS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset({"-h", "--run-path", "--virtual-local-rank", "--no-flight-recorder", "--post-mortem"})

@@ -1,0 +1,218 @@
+"""A run's timeline: trace events in the Chrome trace format, which Perfetto
+(ui.perfetto.dev) and chrome://tracing open.
+
+``Timeline`` writes the driver's file as the run goes, in the format's JSON
+Array form: ``[``, then one event per line, each followed by a comma, and
+``]`` when the run ends. A driver killed mid-run leaves every event written
+so far: drop the last comma and close the array. Tracks: the driver's
+(trace ``pid`` 0), then one per node in the order the run first used them,
+with a row per rank on it (``tid`` = rank + 1). Times are seconds since the
+epoch on the cluster's clock, written in microseconds.
+
+``SpanBuffer`` is a rank's side: what its process did (start, init, each
+call), kept until its next result carries it to the driver. A call costs
+a flag test when the timeline is off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Tuple
+
+# Every event's ``cat`` is one of these.
+CATEGORIES = (
+    "placement",  # waiting for the placement group
+    "start",  # a worker process starting (spawn, imports) until it reports where it runs
+    "init",  # the launcher environment and the process group
+    "call",  # a call of the user's function (or script) on a rank
+    "state",  # save_state / load_state
+    "data",  # waiting for a batch of a Ray Data shard
+    "collective",  # a collective, from the flight recorder
+    "controller",  # the run's phases (running, restarting, ...)
+    "failure",  # a rank that failed, and why
+    "restart",  # a new world after a failure
+    "spare",  # a spare taking a rank's place
+    "signal",  # a signal forwarded to the ranks
+    "node",  # a node lost or draining
+)
+MAX_BYTES = 64 * 2**20  # past this the file takes no more events (it says so, and stays valid)
+ENV_VAR = "RAYDIST_TIMELINE"  # "1" in a rank's environment when the run keeps a timeline
+DRIVER_PID = 0
+
+Span = Tuple[str, str, float, float, Mapping[str, Any]]  # name, cat, start, end (epoch seconds), args
+
+
+class Timeline:
+    """The driver's timeline file (``path``), or nothing when ``path`` is None."""
+
+    def __init__(self, path: Optional[str], clock: Callable[[], float] = time.time, max_bytes: int = MAX_BYTES):
+        self.on = path is not None
+        self.path = path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._max_bytes = max_bytes
+        self._written = 0
+        self._full = False
+        self._file: Optional[BinaryIO] = None
+        self._nodes: Dict[str, int] = {}  # node id -> its track (trace pid)
+        self._rows: set = set()  # (pid, tid) rows already named
+        self._phase: Optional[Tuple[str, float]] = None  # the controller's phase and since when
+        if path is not None:
+            self._file = open(path, "wb")
+            self._write("[\n")
+            self._meta("process_name", DRIVER_PID, None, "driver")
+            self._meta("thread_name", DRIVER_PID, 0, "driver")
+
+    def now(self) -> float:
+        return self._clock()
+
+    # -- events ---------------------------------------------------------------
+    def span(
+        self, name: str, cat: str, start: float, end: float, rank: Optional[int] = None, node: Optional[str] = None, **args: Any
+    ) -> None:
+        """A complete event: on ``rank``'s row of ``node``'s track, else on the driver's row."""
+        if self.on:
+            self._event({"ph": "X", "name": name, "cat": cat, "ts": _us(start), "dur": max(0, _us(end) - _us(start))}, rank, node, args)
+
+    def instant(
+        self, name: str, cat: str, at: Optional[float] = None, rank: Optional[int] = None, node: Optional[str] = None, **args: Any
+    ) -> None:
+        """A moment (``at``: now): on ``rank``'s row of ``node``'s track, else the driver's."""
+        if self.on:
+            moment = self._clock() if at is None else at
+            self._event({"ph": "i", "s": "t", "name": name, "cat": cat, "ts": _us(moment)}, rank, node, args)
+
+    def spans(self, spans: Tuple[Span, ...], rank: int, node: str, **args: Any) -> None:
+        """What a rank's ``SpanBuffer`` sent, on its row."""
+        for name, cat, start, end, own in spans:
+            self.span(name, cat, start, end, rank=rank, node=node, **{**args, **own})
+
+    def phase(self, name: str) -> None:
+        """The run entered phase ``name``: the last one becomes a span on the
+        driver's row; ``closed`` closes the file."""
+        if not self.on:
+            return
+        now = self._clock()
+        with self._lock:
+            last, self._phase = self._phase, (name, now)
+        if last is not None:
+            self.span(last[0], "controller", last[1], now)
+        if name == "closed":
+            self.close()
+
+    def close(self) -> None:
+        """End the array: the file is complete JSON after this, and takes no more events."""
+        if not self.on:
+            return
+        with self._lock:
+            if self._file is not None:
+                self._file.seek(-2, os.SEEK_END)  # over the last event's ",\n"
+                self._file.write(b"\n]\n")
+                self._file.close()
+                self._file = None
+            self.on = False
+
+    # -- the file -------------------------------------------------------------
+    def _event(self, event: Dict[str, Any], rank: Optional[int], node: Optional[str], args: Mapping[str, Any]) -> None:
+        pid, tid = self._row(rank, node, args)
+        event["pid"], event["tid"] = pid, tid
+        shown = {key: value for key, value in args.items() if value is not None}
+        if rank is not None:
+            shown["rank"] = rank
+        if node is not None:
+            shown["node"] = node
+        if shown:
+            event["args"] = shown
+        self._emit(event)
+
+    def _row(self, rank: Optional[int], node: Optional[str], args: Mapping[str, Any]) -> Tuple[int, int]:
+        if rank is None:
+            return DRIVER_PID, 0
+        key = node or "unknown"
+        with self._lock:
+            pid = self._nodes.setdefault(key, len(self._nodes) + 1)
+            named_node, named_row = (pid, None) in self._rows, (pid, rank + 1) in self._rows
+        if not named_node:
+            self._meta("process_name", pid, None, f"node {key[:12]}")
+            self._meta("process_sort_index", pid, None, pid)
+        if not named_row:
+            self._meta("thread_name", pid, rank + 1, f"rank {rank}" + (f" (pid {args['pid']})" if args.get("pid") else ""))
+            self._meta("thread_sort_index", pid, rank + 1, rank)
+        return pid, rank + 1
+
+    def _meta(self, what: str, pid: int, tid: Optional[int], value: Any) -> None:
+        self._rows.add((pid, tid))
+        key = "sort_index" if what.endswith("sort_index") else "name"
+        event = {"ph": "M", "name": what, "pid": pid, "args": {key: value}}
+        if tid is not None:
+            event["tid"] = tid
+        self._emit(event)
+
+    def _emit(self, event: Dict[str, Any]) -> None:
+        self._write(json.dumps(event, separators=(",", ":"), default=str) + ",\n")
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            if self._file is None or self._full:
+                return
+            if self._written + len(text) > self._max_bytes:
+                self._full = True
+                text = json.dumps(
+                    {
+                        "ph": "i",
+                        "s": "g",
+                        "name": "timeline full: later events dropped",
+                        "cat": "controller",
+                        "pid": 0,
+                        "tid": 0,
+                        "ts": _us(self._clock()),
+                    }
+                )
+                text += ",\n"
+            self._file.write(text.encode())
+            self._file.flush()  # a driver killed next leaves this event in the file
+            self._written += len(text)
+
+
+class SpanBuffer:
+    """A rank's spans since its last result. Start-up steps are kept before
+    the run's environment says whether the timeline is on (``switch``); a
+    call's are recorded only when it is."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.on = False
+        self.started = False  # the process's start was recorded (it is described again at each warm restart)
+        self._limit = limit  # a rank whose results never come back keeps at most this many
+        self._spans: List[Span] = []
+        self._lock = threading.Lock()
+
+    def switch(self, on: bool) -> None:
+        self.on = on
+
+    def add(self, name: str, cat: str, start: float, end: float, **args: Any) -> None:
+        with self._lock:
+            if len(self._spans) < self._limit:
+                self._spans.append((name, cat, start, end, args))
+
+    def take(self) -> Tuple[Span, ...]:
+        """The spans kept so far (none when the timeline is off); the buffer is empty after."""
+        with self._lock:
+            taken, self._spans = tuple(self._spans), []
+        return taken if self.on else ()
+
+
+def process_started() -> float:
+    """When this process started (seconds since the epoch)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - without psutil: from now
+        return time.time()
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1e6)

@@ -1,0 +1,107 @@
+"""A run's timeline: the trace file (valid JSON when closed, loadable when the
+driver died mid-run, bounded), and what the engine writes into it for a run
+on the fake cluster where a rank crashes and a spare takes its place."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from raydist.config import RunConfig
+from raydist.pool.cluster.fake import FakeCluster, Fault
+from raydist.pool.cluster.fake_worker import current_attempt, current_rank
+from raydist.pool.driver.calls import prepare_call
+from raydist.pool.driver.controller import RunController, run_call
+from raydist.pool.timeline import CATEGORIES, SpanBuffer, Timeline
+
+NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}, "node-c": {"CPU": 1}}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.CRITICAL, logger="raydist")
+
+
+def events(path: Path) -> List[Dict[str, Any]]:
+    found = json.loads(path.read_text())
+    assert isinstance(found, list)
+    for event in found:
+        assert {"ph", "name", "pid"} <= set(event), event
+        if event["ph"] != "M":
+            assert {"ts", "tid", "cat"} <= set(event) and event["cat"] in CATEGORIES, event
+        if event["ph"] == "X":
+            assert event["dur"] >= 0, event
+    return found
+
+
+def test_the_file_is_json_when_closed_and_loadable_when_cut_off(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), clock=lambda: 100.0)
+    timeline.span("call", "call", 99.0, 100.0, rank=3, node="node-a", attempt=0)
+    timeline.instant("rank 3 failed", "failure", rank=3, node="node-a", cause="boom")
+    cut = path.read_text()  # what a driver killed now leaves
+    found = json.loads(cut.rstrip().rstrip(",") + "]")
+    assert [e["name"] for e in found if e["ph"] != "M"] == ["call", "rank 3 failed"]
+    timeline.phase("running")
+    timeline.phase("closed")  # the run's last phase ends the array
+    closed = events(path)
+    span = next(e for e in closed if e["name"] == "call")
+    assert span["ts"] == 99_000_000 and span["dur"] == 1_000_000 and span["args"] == {"attempt": 0, "rank": 3, "node": "node-a"}
+    rows = {(e["pid"], e.get("tid")): e["args"]["name"] for e in closed if e["name"] in ("process_name", "thread_name")}
+    assert rows[(1, None)] == "node node-a" and rows[(1, 4)] == "rank 3" and rows[(0, 0)] == "driver"
+    timeline.instant("late", "call")  # after the close: nothing written, the file stays valid
+    assert events(path) == closed
+
+
+def test_a_full_timeline_says_so_and_stays_valid(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), clock=lambda: 1.0, max_bytes=2_000)
+    for step in range(100):
+        timeline.span("call", "call", 0.0, 1.0, rank=step % 4, node="node-a", step=step)
+    timeline.close()
+    found = events(path)
+    assert found[-1]["name"] == "timeline full: later events dropped"
+    assert path.stat().st_size < 2_200 and 5 < len(found) < 100
+
+
+def test_off_it_writes_nothing_and_a_rank_sends_nothing(tmp_path: Path) -> None:
+    timeline = Timeline(None)
+    timeline.span("call", "call", 0.0, 1.0, rank=0, node="node-a")
+    timeline.phase("closed")
+    assert list(tmp_path.iterdir()) == []
+    spans = SpanBuffer(limit=2)
+    spans.add("start", "start", 0.0, 1.0)  # kept before the run says whether the timeline is on
+    assert spans.take() == ()  # off: dropped
+    spans.switch(True)
+    for _ in range(3):
+        spans.add("init", "init", 1.0, 2.0)
+    assert spans.take() == (("init", "init", 1.0, 2.0, {}),) * 2 and spans.take() == ()  # at most ``limit`` kept
+
+
+def test_a_crash_with_a_spare_is_on_the_timeline(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=2)])
+    config = RunConfig(num_workers=4, max_restarts=1, spare_workers=1, flight_recorder=False, timeline=str(path))
+    values = run_call(
+        RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
+    )
+    assert values == [(rank, 1) for rank in range(4)]
+    found = events(path)
+    moments = [e for e in found if e["ph"] != "M"]
+    failed = next(i for i, e in enumerate(moments) if e["cat"] == "failure")
+    assert moments[failed]["args"]["rank"] == 2 and moments[failed]["args"]["attempt"] == 0
+    assert "process died" in moments[failed]["args"]["cause"]
+    spare = next(i for i, e in enumerate(moments) if e["cat"] == "spare")
+    assert spare > failed and moments[spare]["name"].startswith("a spare is rank")  # the new world is ranked by node
+    calls = [e for e in moments[spare:] if e["cat"] == "call"]
+    assert sorted(e["args"]["rank"] for e in calls) == [0, 1, 2, 3] and {e["args"]["attempt"] for e in calls} == {1}
+    first = [e for e in moments[:failed] if e["cat"] == "call"]
+    assert {e["args"]["rank"]: e["args"]["ended"] for e in first} == {0: "finished", 1: "finished", 2: "failed", 3: "finished"}
+    phases = [e["name"] for e in moments if e["cat"] == "controller"]
+    assert phases == ["starting", "running", "restarting", "running", "shutting_down"]
+    assert [e["cat"] for e in moments if e["cat"] in ("placement", "start")][:2] == ["placement", "start"]
+    assert cluster.leftovers() == []
