@@ -37,7 +37,7 @@ def die_on_rank_one(how: str) -> None:
 
 
 @pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize("how", ["exit", "segfault"])
+@pytest.mark.parametrize("how", [pytest.param("exit", marks=pytest.mark.soak), "segfault"])  # the death's text: tests/unit/rules
 def test_worker_process_death_is_reported_fast(how: str) -> None:
     with raydist.WorkerGroup(2) as group:  # rank 1 dies, rank 0 is the peer left blocked
         start = time.monotonic()
@@ -115,8 +115,9 @@ def crash_once(how: str) -> List[Any]:
 
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.parametrize(
-    ("how", "mode"), [pytest.param("exit", "warm", marks=pytest.mark.soak), ("sigkill", "fresh")]
-)  # warm: test_warm_restarts
+    ("how", "mode"), [pytest.param("exit", "warm", marks=pytest.mark.soak), pytest.param("sigkill", "fresh", marks=pytest.mark.soak)]
+)  # make test: the engine's logic on the fake (test_engine_faults running-die rows); fresh processes after a crash, leak-checked:
+# test_node_layout::test_a_crash_under_the_node_layout_restarts_whole_in_fresh_processes; a script's: test_cli's attempts
 def test_restart_after_crash_reruns_on_a_new_group(how: str, mode: str) -> None:
     results = raydist.run(crash_once, num_workers=2, args=(how,), max_restarts=2, restart_mode=mode)
     assert [r[:3] for r in results] == [[0, 1, "2"], [1, 1, "2"]]

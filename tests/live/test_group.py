@@ -169,6 +169,7 @@ def test_failed_run_names_rank_and_node_and_leaves_nothing_behind() -> None:
     assert_nothing_left()
 
 
+@pytest.mark.soak  # make test: the rule in tests/unit/rules (sizing); a real cluster's slots: test_cli's -n cpu
 def test_default_num_workers_is_one_per_cpu_slot() -> None:
     import ray
 

@@ -56,6 +56,20 @@ def assert_resumed(results: List[Dict[str, Any]], reference: List[Dict[str, Any]
         assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
 
 
+def check_timeline(events: List[Dict[str, Any]], crashed: int, spare: bool) -> None:
+    """The run's timeline: rank ``crashed`` failed in attempt 0 with its cause, a
+    new world (from a spare, if there is one) came after, and every rank of it ran the call, with its own span."""
+    moments = [e for e in events if e["ph"] != "M"]
+    assert all({"ts", "pid", "tid", "name", "cat"} <= set(e) for e in moments)
+    failed = next(i for i, e in enumerate(moments) if e["cat"] == "failure")
+    assert moments[failed]["args"]["rank"] == crashed and moments[failed]["args"]["attempt"] == 0 and moments[failed]["args"]["cause"]
+    after = moments[failed + 1 :]
+    assert any(e["cat"] == ("spare" if spare else "restart") for e in after), [e["name"] for e in after]
+    calls = [e for e in after if e["cat"] == "call" and e["args"]["attempt"] == 1]
+    assert sorted(e["args"]["rank"] for e in calls) == [0, 1, 2, 3] and all("ended" not in e["args"] for e in calls)  # the ranks' own
+    assert {e["cat"] for e in moments} >= {"placement", "start", "init", "call", "controller", "failure"}
+
+
 def step_dir(step: int) -> str:
     return f"step_{step:012d}"
 
@@ -92,9 +106,11 @@ def reference(reference_dir: Path) -> List[Dict[str, Any]]:
         pytest.param({"restart_mode": "fresh"}, id="fresh", marks=pytest.mark.soak),
     ],
 )
-def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], options: Dict[str, Any]) -> None:
-    results = raydist.run(train, args=(STEPS, CRASH_AT), num_workers=4, max_restarts=1, **options)
+def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], options: Dict[str, Any], tmp_path: Path) -> None:
+    timeline = tmp_path / "timeline.json"
+    results = raydist.run(train, args=(STEPS, CRASH_AT), num_workers=4, max_restarts=1, timeline=str(timeline), **options)
     assert_resumed(results, reference)
+    check_timeline(json.loads(timeline.read_text()), crashed=1, spare="spare_workers" in options)
     if options.get("restart_mode") != "fresh":  # ranks 0, 2, 3 kept their process and loaded from memory
         assert len({r["pid"] for r in results}) == 4
     assert_nothing_left(within=30, files=False)  # the run's keeper went with it (a crashed rank's files may stay)
@@ -197,12 +213,14 @@ def test_a_second_run_resumes_from_the_state_dir_and_skips_a_cut_short_step(
     assert not state_actors()
 
 
-def test_per_rank_state_refuses_another_world_size_and_shared_state_loads_anywhere(
-    reference: List[Dict[str, Any]], reference_dir: Path, tmp_path: Path
-) -> None:
+@pytest.mark.soak  # the rule: tests/unit/core/test_state_world.py; make test: the shared state's load below
+def test_per_rank_state_refuses_another_world_size(reference: List[Dict[str, Any]], reference_dir: Path) -> None:
     # The reference run's per-rank state: 4 ranks.
     with pytest.raises(raydist.WorkerGroupError, match="saved by 4 ranks with per-rank state.*this world has 1 ranks"):
         raydist.run(train, args=(STEPS + 1,), num_workers=1, state_dir=str(reference_dir))
+
+
+def test_shared_state_loads_into_another_world_size(ray_local: None, tmp_path: Path) -> None:
     raydist.run(train, args=(3,), kwargs={"shared": True}, num_workers=1, state_dir=str(tmp_path))
     results = raydist.run(train, args=(4,), kwargs={"shared": True}, num_workers=2, state_dir=str(tmp_path))
     assert [r["resumed"] for r in results] == [2, 2]

@@ -45,6 +45,7 @@ def test_even_steps_name_no_one_and_a_rank_50_ms_slower_per_step_is_named_within
     assert "rank 1 reaches collectives" in found[0].line()
 
 
+@pytest.mark.soak  # the warning's once-only rule: tests/unit/rules; a real straggler named: the test above
 def test_the_driver_names_the_straggler_once_while_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
     with raydist.WorkerGroup(2, resources_per_worker={"CPU": 1}) as group:

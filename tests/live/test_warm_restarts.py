@@ -197,6 +197,7 @@ def footprint() -> Dict[str, Any]:
     }
 
 
+@pytest.mark.soak  # a repetition: make test leak-checks each warm restart it makes (test_state, test_stragglers)
 @pytest.mark.usefixtures("ray_local")
 def test_twenty_restarts_in_place_leave_no_memory_port_or_thread_behind() -> None:
     with raydist.WorkerGroup(2, max_restarts=20, retry_on_exception=True) as group:
