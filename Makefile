@@ -6,8 +6,10 @@ PIP := $(PY) -m pip
 # The CPU wheel of this torch is what the tests run against; pyproject keeps
 # the range loose (torch>=2.4) for users.
 TORCH_PIN := torch==2.13.0
+# The docs build: every warning (a broken link or anchor, a page missing) is an error.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-.PHONY: venv install install-test horovod demo test soak bench clean
+.PHONY: venv install install-test install-docs horovod demo test soak bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +21,7 @@ venv: $(PY)
 # no-op pip install of an editable package still takes seconds).
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
+DOCS_INSTALLED := $(VENV)/.installed-docs
 
 $(INSTALLED): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH_PIN)
@@ -33,6 +36,12 @@ install: $(INSTALLED)
 
 install-test: $(TEST_INSTALLED)
 
+$(DOCS_INSTALLED): $(INSTALLED)
+	$(PIP) install --quiet -e '.[docs]'
+	touch $@
+
+install-docs: $(DOCS_INSTALLED)
+
 horovod: install
 	bash scripts/install-horovod.sh $(PY)
 
@@ -40,14 +49,16 @@ demo: install
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
 	$(PY) examples/ddp_raydist.py --num-workers 2 --steps 20
 
-# Lint and format (ruff), the unit tier (pure rules, no Ray, under a minute)
-# and the type check run before the horovod build and the live tier, so a
-# broken rule fails fast.
+# Lint and format (ruff), the unit tier (pure rules, no Ray, under a minute),
+# the type check and the docs build (warnings are errors: a broken link, a
+# missing page) run before the horovod build and the live tier, so a broken
+# rule fails fast.
 test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests/unit
 	$(PY) -m mypy
+	@site=$$(mktemp -d) && $(MKDOCS) --quiet --site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 	$(MAKE) horovod
 	$(PY) -m pytest -q -m "not soak" --durations=15 tests/live
 
@@ -58,9 +69,13 @@ test: install-test
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak tests/live
 
+# The documentation site, into site/ (open site/index.html).
+docs: install-docs
+	$(MKDOCS)
+
 bench: install
 	$(PIP) install --quiet -e '.[bench]' $(TORCH_PIN)
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

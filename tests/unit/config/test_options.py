@@ -1,5 +1,6 @@
 """RunConfig: every option checked once, before Ray is touched, with the
-option's name in the message; and the README's option list kept in step.
+option's name in the message. (The documentation's option list is generated
+from the same records: tests/unit/project/test_docs.py.)
 The same bad inputs through ``raydist.run`` on a live Ray: tests/live/test_config.py (the
 table: tests/config_cases.py)."""
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any, Dict
 
 import pytest
@@ -15,8 +15,6 @@ from config_cases import BAD_CALLS, BAD_OPTIONS
 
 from raydist.config import OPTION_NAMES, RunConfig, make_config
 from raydist.pool.driver.call_check import check_call
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("options, kind, text", BAD_OPTIONS)
@@ -44,16 +42,6 @@ def test_defaults_and_normalised_values() -> None:
         config.replace(num_workers=0)
     # A config and keyword options combine; keywords win.
     assert make_config(RunConfig(num_workers=2, timeout=5), {"timeout": 7.0}) == RunConfig(num_workers=2, timeout=7.0)
-
-
-def test_readme_lists_every_option_with_its_default() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("#### Options", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", section, flags=re.M)
-    assert [name for name, _ in rows] == list(OPTION_NAMES)
-    for field in dataclasses.fields(RunConfig):
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc]
-        assert dict(rows)[field.name] == repr(default), field.name
 
 
 def test_cli_flags_map_to_options() -> None:
