@@ -374,7 +374,7 @@ def exception_entries(exports: Optional[Mapping[str, str]] = None) -> List[Excep
 
 
 def errors_markdown(exports: Optional[Mapping[str, str]] = None) -> str:
-    entries = exception_entries(exports)
+    entries = sorted(exception_entries(exports), key=lambda e: e.module != "raydist.errors")  # the base first
     api = posixpath.relpath(API_PAGE, posixpath.dirname(ERRORS_PAGE))
     rows = [
         (f"[`raydist.{e.name}`]({api}#{_api_anchor(e.name, e.module)})", ", ".join(_code(b) for b in e.bases), _escape(e.doc))
@@ -383,9 +383,9 @@ def errors_markdown(exports: Optional[Mapping[str, str]] = None) -> str:
     lines = [
         "# Errors",
         "",
-        "What raydist raises about a run. Each error derives from `raydist.RaydistError` and also keeps "
-        "the built-in base it always had, so an existing `except TimeoutError` or `except RuntimeError` "
-        "still catches it. A call on a group whose Ray was shut down raises `RuntimeError`.",
+        "What raydist raises about a run. Each error of `raydist.errors` derives from `raydist.RaydistError` "
+        "and also keeps the built-in base it always had, so an existing `except TimeoutError` or "
+        "`except RuntimeError` still catches it. A call on a group whose Ray was shut down raises `RuntimeError`.",
         "",
         "*This table is generated from the exported exception classes and their docstrings.*",
         "",
