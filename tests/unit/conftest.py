@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
 
@@ -37,3 +37,29 @@ def _ray_stays_out() -> Iterator[None]:
     yield
     if GUARDED:
         assert "ray" not in sys.modules, "a unit test imported Ray"
+
+
+@pytest.fixture
+def count_calls() -> Callable[[Callable[[], Any]], int]:
+    """The work a function does, counted rather than timed (the same on any
+    machine, however loaded): the Python and built-in calls it makes on this
+    thread, each step of a generator included. A test of how work grows
+    compares the counts at two sizes."""
+
+    def count(fn: Callable[[], Any]) -> int:
+        calls = 0
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            nonlocal calls
+            if event in ("call", "c_call"):
+                calls += 1
+
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            fn()
+        finally:
+            sys.setprofile(previous)
+        return calls
+
+    return count

@@ -68,8 +68,11 @@ class VirtualClock:
         """Whether functions wait to run before anything else happens."""
         return bool(self._actions)
 
-    def run_until(self, settled: Callable[[], bool], deadline: Optional[float], step: Callable[[], None], waiting_for: str = "") -> None:
-        """Until ``settled()`` or ``deadline``: ``step()``, the functions due, and time moving on."""
+    def run_until(
+        self, settled: Callable[[], bool], deadline: Optional[float], step: Callable[[], None], waiting_for: Callable[[], str] = str
+    ) -> None:
+        """Until ``settled()`` or ``deadline``: ``step()``, the functions due, and time moving on.
+        ``waiting_for()`` names what the engine waits for, should it wait forever."""
         while True:
             self._run_actions()
             step()
@@ -85,7 +88,8 @@ class VirtualClock:
                 self.now = max(self.now, deadline)
                 return
             if due is None or due > HORIZON_S:
-                raise EngineStuck(f"the engine waits forever{' for ' + waiting_for if waiting_for else ''}")
+                what = waiting_for()
+                raise EngineStuck(f"the engine waits forever{' for ' + what if what else ''}")
             with self._lock:
                 self.now = max(self.now, due)
                 while self._timers and self._timers[0].due <= self.now:

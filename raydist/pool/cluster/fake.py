@@ -147,7 +147,7 @@ class FakeCluster:
     def _until(self, pending: Sequence[FakeCall], count: int, deadline: Optional[float]) -> Tuple[List[FakeCall], List[FakeCall]]:
         """Run what can run and move the clock until ``count`` of ``pending`` ended or ``deadline`` came."""
         settled = lambda: bool(pending) and sum(call.ended for call in pending) >= count  # noqa: E731
-        self.clock.run_until(settled, deadline, self._run_queued, str([c for c in pending if not c.ended]))
+        self.clock.run_until(settled, deadline, self._run_queued, lambda: str([c for c in pending if not c.ended]))
         return [call for call in pending if call.ended], [call for call in pending if not call.ended]
 
     def get(self, pending: Sequence[FakeCall], timeout: Optional[float] = None) -> List[Any]:

@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 import uuid
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
 from raydist.pool.cluster.seam import Cluster, Printer
@@ -84,10 +84,9 @@ class OutputRouter:
         """Until every ``(key, is_err, call)`` marker has arrived, or ``timeout``."""
         if not expected:
             return True
+        awaited = Awaited(expected)
         with self._changed:
-            return self._changed.wait_for(
-                lambda: all(self._marks.get((key, is_err), -1) >= call for key, is_err, call in expected), timeout
-            )
+            return self._changed.wait_for(lambda: awaited.arrived(self._marks), timeout)
 
     def _handle(self, data: Dict[str, Any]) -> None:
         try:
@@ -124,6 +123,24 @@ class OutputRouter:
             with self._changed:
                 self._marks[(key, is_err)] = max(marked, self._marks.get((key, is_err), -1))
                 self._changed.notify_all()
+        return True
+
+
+class Awaited:
+    """The markers a call waits for, looked at from the first that has not
+    arrived yet (a stream's mark only grows): each marker is checked about
+    once, so a call of N ranks costs N checks in all, not N at every arrival."""
+
+    def __init__(self, expected: Sequence[Tuple[Key, bool, int]]):
+        self._expected = list(expected)
+        self._next = 0  # every marker before this one has arrived
+
+    def arrived(self, marks: Mapping[Tuple[Key, bool], int]) -> bool:
+        while self._next < len(self._expected):
+            key, is_err, call = self._expected[self._next]
+            if marks.get((key, is_err), -1) < call:
+                return False
+            self._next += 1
         return True
 
 

@@ -30,7 +30,7 @@ class Committed:
 class _Pending:
     meta: SnapshotMeta
     ranks: Set[int] = field(default_factory=set)
-    locations: Locations = field(default_factory=dict)
+    holders: Dict[str, Set[int]] = field(default_factory=dict)  # part key -> the holders that keep it so far
 
 
 class CommitLog:
@@ -63,11 +63,11 @@ class CommitLog:
         if pending.meta.world_size != meta.world_size or not 0 <= rank < meta.world_size:
             raise ValueError(f"step {meta.step}: rank {rank} of {meta.world_size} does not fit a world of {pending.meta.world_size}")
         pending.ranks.add(rank)
-        for key, holders in locations.items():
-            pending.locations[key] = sorted(set(pending.locations.get(key, [])) | set(holders))
+        for key, holders in locations.items():  # (a shared part is acknowledged by a rank on every node)
+            pending.holders.setdefault(key, set()).update(holders)
         if len(pending.ranks) < meta.world_size or not self._complete(pending):
             return False, aborted
-        self.committed = Committed(pending.meta, pending.locations, world)
+        self.committed = Committed(pending.meta, {key: sorted(holders) for key, holders in pending.holders.items()}, world)
         # Older uncommitted steps can never be needed now.
         for step in [s for s in self._pending if s <= meta.step]:
             del self._pending[step]
@@ -84,7 +84,7 @@ class CommitLog:
 
     @staticmethod
     def _complete(pending: _Pending) -> bool:
-        return all(key in pending.locations for key in pending.meta.parts())
+        return all(key in pending.holders for key in pending.meta.parts())
 
     def needed(self) -> Set[int]:
         """The steps holders must keep: the committed one and those being written."""

@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.core.accelerators import Accelerator
-from raydist.core.environment import DEVICE_INDEX_VAR, torchrun_env
+from raydist.core.environment import DEVICE_INDEX_VAR, USER_DEFAULT_VARS, torchrun_env
 from raydist.core.preemption import PREEMPTION_FILE_VAR
 from raydist.pool.records import Placement, WorkerInfo
 
@@ -127,6 +127,14 @@ def standby_env(
     return env
 
 
+def _user_defaults(config: "RunConfig") -> Dict[str, str]:
+    """The values the user set for the variables torchrun gives defaults to
+    (``env=``, else the driver's environment): those few names, looked up
+    one by one; a rank's environment must not cost a copy of the driver's."""
+    found = ((name, config.env.get(name, os.environ.get(name))) for name in USER_DEFAULT_VARS)
+    return {name: value for name, value in found if value is not None}
+
+
 def worker_env(
     worker: WorkerInfo,
     *,
@@ -162,7 +170,7 @@ def worker_env(
         max_restarts=config.max_restarts,
         role_name=config.role,
         omp_num_threads=max(1, int(cpus)),
-        base_env={**os.environ, **config.env},
+        base_env=_user_defaults(config),
     )
     visible, device_index = worker.visible_device_ids, worker.device_index
     if config.virtual_local_rank:

@@ -61,9 +61,11 @@ def plan_restart(
     spares, best first; ``free_seats``: bundles free on nodes that stay;
     ``sizes``: (min, max) workers, equal for a fixed size.
     """
-    gone = set(dead) | set(stuck)
+    dead, leaving_nodes = set(dead), set(leaving_nodes)  # (looked up once per rank)
+    gone = dead | set(stuck)
     kept = tuple(w.rank for w in workers if w.rank not in gone and w.node_id not in leaving_nodes)
-    killed = tuple(w.rank for w in workers if w.rank not in dead and w.rank not in kept)
+    kept_ranks = set(kept)
+    killed = tuple(w.rank for w in workers if w.rank not in dead and w.rank not in kept_ranks)
     node_order = tuple(node for node in dict.fromkeys(w.node_id for w in workers) if node not in leaving_nodes)
     low, high = sizes
     usable_spares = [i for i, spare in enumerate(spares) if spare.node_id not in leaving_nodes]

@@ -12,6 +12,7 @@ collective (a checkpoint, a page fault) names no one.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -54,14 +55,32 @@ def _entered(recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Opt
     return {key: times for key, times in entered.items() if set(times) == ranks and len(ranks) >= 2}
 
 
+def _late_at(times: Mapping[int, int]) -> Dict[int, float]:
+    """Each rank's lateness at one collective, in seconds: its entry time minus
+    the median of the others'. One sort serves every rank (the others' median
+    is read off the sorted times with the rank's own left out): n log n, where
+    a median per rank would cost n times that."""
+    ordered = sorted(times.values())
+    middle, even = (len(ordered) - 1) // 2, (len(ordered) - 1) % 2 == 0
+    late: Dict[int, float] = {}
+    for rank, time in times.items():
+        own = bisect.bisect_left(ordered, time)  # any copy of an equal time leaves the same others
+        # The others' i-th smallest is ordered[i] below the rank's own place, ordered[i + 1] from it on.
+        upper = ordered[middle if middle < own else middle + 1]
+        if even:
+            lower = ordered[middle - 1 if middle - 1 < own else middle]
+            median: float = (lower + upper) / 2
+        else:
+            median = upper
+        late[rank] = (time - median) / 1e9
+    return late
+
+
 def lateness(
     recorders: Mapping[int, Sequence[CollectiveEntry]], offsets_ns: Optional[Mapping[int, int]] = None
 ) -> Dict[_Key, Dict[int, float]]:
     """Per collective every rank recorded: each rank's lateness in seconds."""
-    late: Dict[_Key, Dict[int, float]] = {}
-    for key, times in _entered(recorders, offsets_ns).items():
-        late[key] = {rank: (time - statistics.median(t for r, t in times.items() if r != rank)) / 1e9 for rank, time in times.items()}
-    return late
+    return {key: _late_at(times) for key, times in _entered(recorders, offsets_ns).items()}
 
 
 def find_stragglers(
@@ -74,12 +93,12 @@ def find_stragglers(
     share: float = SHARE,
 ) -> List[Straggler]:
     """The ranks consistently late over the last ``window`` common collectives."""
-    late = lateness(recorders, offsets_ns)
     entered = _entered(recorders, offsets_ns)
     # Ordered by when they happened (the median entry time), across process groups.
-    keys = sorted(late, key=lambda key: (statistics.median(entered[key].values()), key))[-window:]
+    keys = sorted(entered, key=lambda key: (statistics.median(entered[key].values()), key))[-window:]
     if len(keys) < min_samples:
         return []
+    late = {key: _late_at(entered[key]) for key in keys}  # only the window's
     found = []
     for rank in sorted(recorders):
         values = [late[key][rank] for key in keys]

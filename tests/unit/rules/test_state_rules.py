@@ -54,6 +54,28 @@ def test_a_step_without_its_shared_part_is_not_committed() -> None:
     assert log.ack(0, 1, meta(5), {"rank_00001": [0, 1]}) == (False, [])
 
 
+class CountedHolder(int):
+    """A holder's index that counts how often it is ordered against another."""
+
+    ordered = 0
+
+    def __lt__(self, other: int) -> bool:
+        CountedHolder.ordered += 1
+        return int(self) < other
+
+
+def test_a_shared_part_acknowledged_on_every_node_is_ordered_once_at_the_commit() -> None:
+    # Every node's first rank names the shared part's holders: sorting the list
+    # gathered so far at each of them was quadratic in the nodes.
+    nodes = 1000
+    log, shared_only = CommitLog(), SnapshotMeta(1, nodes, ("model",), ())
+    CountedHolder.ordered = 0
+    for node in range(nodes):
+        log.ack(0, node, shared_only, {"shared": [CountedHolder(node + 1), CountedHolder((node + 1) % nodes + 1)]})
+    assert log.committed is not None and log.committed.locations["shared"] == list(range(1, nodes + 1))
+    assert CountedHolder.ordered <= 20 * nodes
+
+
 class CountingStore(state.StateStore):
     def __init__(self) -> None:
         self.saved: list = []
