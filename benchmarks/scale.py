@@ -1,32 +1,84 @@
-"""Cold start against the number of workers, on a simulated 4-node cluster.
+"""raydist against the number of ranks: its own driver cost on a simulated
+cluster of up to 4,096 ranks, and a real cold start on a simulated 4-node Ray.
 
-``ray.cluster_utils.Cluster`` starts 4 raylets on this machine (4 CPU slots
-each, 16 in all); ``raydist.run(noop, num_workers=N)`` for N = 1 .. 16, next
-to the bare-actor floor of cold_start.py (spawn, import torch, gloo init,
-barrier, kill). Every process runs on the same cores, so beyond the core
-count this measures the machine as much as raydist.
+Simulated (``_scale_sim``, no Ray started): raydist's driver on the
+in-memory fake cluster, 8 .. 4,096 ranks on 1 .. 512 nodes of 8 slots; each
+phase's wall time, driver CPU time and peak memory, and how it grows (the
+log-log slope between 512 and 4,096 ranks, and over all sizes).
+
+Real: ``ray.cluster_utils.Cluster`` starts 4 raylets on this machine (4 CPU
+slots each, 16 in all); ``raydist.run(noop, num_workers=N)`` for N = 1 .. 16,
+next to the bare-actor floor of cold_start.py (spawn, import torch, gloo
+init, barrier, kill). Every process runs on the same cores, so beyond the
+core count this measures the machine as much as raydist.
+
+A log-log plot of time against ranks, one line per phase (the real cold
+start and its floor with them), goes to ``--plot`` (default scale.png here).
 
     python benchmarks/scale.py [--sizes 1 2 4 8 16] [--reps 1] [--quick]
+    python benchmarks/scale.py --sim-only [--sim-reps 3] [--json] [--plot PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List, Optional
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 NODES = 4
 CPUS_PER_NODE = 4
+DEFAULT_PLOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.png")
+
+Series = Mapping[str, Sequence[float]]  # "ranks" / "workers", "seconds", "floor_seconds"
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="N = 1, 4, 16")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="real: workers")
+    parser.add_argument("--reps", type=int, default=1, help="real: rounds")
+    parser.add_argument("--quick", action="store_true", help="real: N = 1, 4, 16; simulated: two rounds, 5 calls")
+    parser.add_argument("--sim-only", action="store_true", help="only the simulated part (no Ray started)")
+    parser.add_argument("--no-sim", action="store_true", help="only the real part")
+    parser.add_argument("--sim-reps", type=int, default=3, help="simulated: timed rounds (medians)")
+    parser.add_argument("--plot", default=DEFAULT_PLOT, help="where the plot goes (PNG); '' for none")
+    parser.add_argument("--json", action="store_true", help="print every figure as one JSON object, as the last line")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes = [1, 4, 16]
+        args.sim_reps = 2
 
+    from _common import header
+
+    header("scale")
+    simulated: Dict[str, Any] = {}
+    if not args.no_sim:
+        simulated = run_simulation(args.sim_reps, calls=5 if args.quick else 9)
+    real: Dict[str, Dict[str, List[float]]] = {}
+    if not args.sim_only:
+        real = run_real(args.sizes, args.reps)
+    plotted = plot(simulated.get("simulated", {}), args.plot, real) if args.plot else None
+    if plotted:
+        print(f"  plot: {plotted}", flush=True)
+    if args.json:
+        print(json.dumps({**simulated, "real": real, "plot": plotted}))
+
+
+def run_simulation(reps: int, calls: int) -> Dict[str, Any]:
+    """raydist's driver on the fake cluster: its tables printed, its figures returned (``_scale_sim.as_json``)."""
+    from _common import print_table
+    from _scale_sim import as_json, simulate, tables, targets
+
+    result = simulate(reps=reps, calls=calls)
+    for title, columns, rows in tables(result):
+        print_table(title, columns, rows)
+    print_table("Scale targets (simulated)", ["target", "measured", "result"], targets(result))
+    print(f"  simulation: {result.wall_s:.1f} s", flush=True)
+    return as_json(result)
+
+
+def run_real(sizes: Sequence[int], reps: int) -> Dict[str, Dict[str, List[float]]]:
+    """Cold start on a 4-node Ray on this machine; its table printed, its series returned."""
     import time
 
     import ray
@@ -34,7 +86,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         expose_to_workers,
         fmt_ratio,
         fmt_s,
-        header,
         median,
         print_table,
         wait_for_quiet_cpu,
@@ -42,7 +93,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     from cold_start import make_time_floor, time_raydist
     from ray.cluster_utils import Cluster
 
-    header("scale")
     expose_to_workers()  # before the raylets start: their workers import cold_start
     started = time.perf_counter()
     cluster = Cluster(
@@ -58,8 +108,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         time_floor = make_time_floor()
         time_raydist(1)  # warm-up: file caches, each raylet's first worker
-        for _ in range(args.reps):
-            for n in args.sizes:
+        for _ in range(reps):
+            for n in sizes:
                 for name, timer in (("raydist", time_raydist), ("floor", time_floor)):
                     wait_for_quiet_cpu()
                     elapsed = timer(n)
@@ -70,15 +120,65 @@ def main(argv: Optional[List[str]] = None) -> None:
         cluster.shutdown()
 
     rows = []
-    for n in args.sizes:
+    for n in sizes:
         rd, floor = median(samples[("raydist", n)]), median(samples[("floor", n)])
         rows.append([n, fmt_s(rd), fmt_s(floor), fmt_ratio(rd, floor), f"{rd / n:.2f} s"])
     print_table(
         f"Cold start on a simulated {NODES}-node cluster ({CPUS_PER_NODE} CPU slots each), "
-        f"median of {args.reps} (all nodes share this machine's cores)",
+        f"median of {reps} (all nodes share this machine's cores)",
         ["N", "raydist.run", "bare-actor floor", "raydist / floor", "raydist per worker"],
         rows,
     )
+    return {
+        "start": {
+            "workers": list(sizes),
+            "seconds": [median(samples[("raydist", n)]) for n in sizes],
+            "floor_seconds": [median(samples[("floor", n)]) for n in sizes],
+        }
+    }
+
+
+def plot(simulated: Mapping[str, Series], path: str, real: Optional[Mapping[str, Series]] = None) -> str:
+    """Time against ranks, log-log: a line per simulated phase (``{"ranks", "seconds"}``),
+    and for each real phase (``{"workers", "seconds", "floor_seconds"}``) its
+    points and their floor; a dotted line of slope 1 for reference. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(12, 6.5))
+    colours = plt.get_cmap("tab20").colors
+    markers = "osD^v<>phX*"
+    xs: List[float] = []
+    for i, (phase, series) in enumerate(simulated.items()):
+        axes.loglog(
+            series["ranks"], series["seconds"], marker=markers[i % len(markers)], color=colours[(2 * i) % 20], label=f"{phase} (simulated)"
+        )
+        xs.extend(series["ranks"])
+    dark = ("black", "saddlebrown", "darkgreen", "navy", "purple", "darkred")
+    for i, (phase, series) in enumerate((real or {}).items()):
+        colour = dark[i % len(dark)]
+        axes.loglog(series["workers"], series["seconds"], marker="s", linewidth=2, color=colour, label=f"{phase} (real Ray)")
+        if series.get("floor_seconds"):
+            axes.loglog(
+                series["workers"], series["floor_seconds"], marker="x", linestyle="--", color=colour, label=f"{phase} floor (real Ray)"
+            )
+        xs.extend(series["workers"])
+    if xs:
+        low, high = min(xs), max(xs)
+        ys = [line.get_ydata() for line in axes.get_lines()]
+        anchor = min(min(y) for y in ys) if ys else 1e-4
+        axes.loglog([low, high], [anchor, anchor * high / low], linestyle=":", color="grey", label="linear (slope 1)")
+    axes.set_xlabel("ranks (workers)")
+    axes.set_ylabel("seconds")
+    axes.set_title("raydist's cost against the number of ranks")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 if __name__ == "__main__":
