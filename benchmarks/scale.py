@@ -6,16 +6,17 @@ in-memory fake cluster, 8 .. 4,096 ranks on 1 .. 512 nodes of 8 slots; each
 phase's wall time, driver CPU time and peak memory, and how it grows (the
 log-log slope between 512 and 4,096 ranks, and over all sizes).
 
-Real: ``ray.cluster_utils.Cluster`` starts 4 raylets on this machine (4 CPU
-slots each, 16 in all); ``raydist.run(noop, num_workers=N)`` for N = 1 .. 16,
-next to the bare-actor floor of cold_start.py (spawn, import torch, gloo
-init, barrier, kill). Every process runs on the same cores, so beyond the
-core count this measures the machine as much as raydist.
+Real (``_scale_real``): ``ray.cluster_utils.Cluster`` starts 4 raylets on
+this machine; for N = 4, 8, 16 workers of half a CPU: start, a warm call, a
+state step and a crash's recovery with a spare, each beside its floor in the
+same run (bare actors doing the same work; ``torchrun --max-restarts 1`` for
+recovery). Every process runs on the same cores, so beyond the core count
+this measures the machine as much as raydist.
 
-A log-log plot of time against ranks, one line per phase (the real cold
-start and its floor with them), goes to ``--plot`` (default scale.png here).
+A log-log plot of time against ranks, one line per phase (the real phases
+and their floors with them), goes to ``--plot`` (default scale.png here).
 
-    python benchmarks/scale.py [--sizes 1 2 4 8 16] [--reps 1] [--quick]
+    python benchmarks/scale.py [--sizes 4 8 16] [--quick] [--json]
     python benchmarks/scale.py --sim-only [--sim-reps 3] [--json] [--plot PATH]
 """
 
@@ -26,8 +27,6 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-NODES = 4
-CPUS_PER_NODE = 4
 DEFAULT_PLOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.png")
 
 Series = Mapping[str, Sequence[float]]  # "ranks" / "workers", "seconds", "floor_seconds"
@@ -35,9 +34,8 @@ Series = Mapping[str, Sequence[float]]  # "ranks" / "workers", "seconds", "floor
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="real: workers")
-    parser.add_argument("--reps", type=int, default=1, help="real: rounds")
-    parser.add_argument("--quick", action="store_true", help="real: N = 1, 4, 16; simulated: two rounds, 5 calls")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16], help="real: workers")
+    parser.add_argument("--quick", action="store_true", help="real: N = 2, 4; simulated: two rounds, 5 calls")
     parser.add_argument("--sim-only", action="store_true", help="only the simulated part (no Ray started)")
     parser.add_argument("--no-sim", action="store_true", help="only the real part")
     parser.add_argument("--sim-reps", type=int, default=3, help="simulated: timed rounds (medians)")
@@ -45,7 +43,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--json", action="store_true", help="print every figure as one JSON object, as the last line")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes = [1, 4, 16]
+        args.sizes = [2, 4]
         args.sim_reps = 2
 
     from _common import header
@@ -56,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         simulated = run_simulation(args.sim_reps, calls=5 if args.quick else 9)
     real: Dict[str, Dict[str, List[float]]] = {}
     if not args.sim_only:
-        real = run_real(args.sizes, args.reps)
+        real = run_real(args.sizes)
     plotted = plot(simulated.get("simulated", {}), args.plot, real) if args.plot else None
     if plotted:
         print(f"  plot: {plotted}", flush=True)
@@ -77,65 +75,24 @@ def run_simulation(reps: int, calls: int) -> Dict[str, Any]:
     return as_json(result)
 
 
-def run_real(sizes: Sequence[int], reps: int) -> Dict[str, Dict[str, List[float]]]:
-    """Cold start on a 4-node Ray on this machine; its table printed, its series returned."""
-    import time
+def run_real(sizes: Sequence[int]) -> Dict[str, Dict[str, List[float]]]:
+    """Start, a warm call, a state step and a crash's recovery with a spare on a
+    4-node Ray on this machine, each beside its floor (``_scale_real``); the
+    table printed, the series returned."""
+    from _common import fmt_ratio, fmt_s, print_table
+    from _scale_real import CPUS_PER_NODE, NODES, real_curve
 
-    import ray
-    from _common import (
-        expose_to_workers,
-        fmt_ratio,
-        fmt_s,
-        median,
-        print_table,
-        wait_for_quiet_cpu,
-    )
-    from cold_start import make_time_floor, time_raydist
-    from ray.cluster_utils import Cluster
-
-    expose_to_workers()  # before the raylets start: their workers import cold_start
-    started = time.perf_counter()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False},
-    )
-    for _ in range(NODES - 1):
-        cluster.add_node(num_cpus=CPUS_PER_NODE)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
-    print(f"  {NODES}-node cluster up in {time.perf_counter() - started:.1f} s", flush=True)
-    samples: Dict[tuple, List[float]] = {}
-    try:
-        time_floor = make_time_floor()
-        time_raydist(1)  # warm-up: file caches, each raylet's first worker
-        for _ in range(reps):
-            for n in sizes:
-                for name, timer in (("raydist", time_raydist), ("floor", time_floor)):
-                    wait_for_quiet_cpu()
-                    elapsed = timer(n)
-                    samples.setdefault((name, n), []).append(elapsed)
-                    print(f"  N={n} {name}: {elapsed:.2f} s", flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
+    curve = real_curve(list(sizes), log=lambda line: print(line, flush=True))
     rows = []
-    for n in sizes:
-        rd, floor = median(samples[("raydist", n)]), median(samples[("floor", n)])
-        rows.append([n, fmt_s(rd), fmt_s(floor), fmt_ratio(rd, floor), f"{rd / n:.2f} s"])
+    for phase, series in curve.items():
+        for n, seconds, floor in zip(series["workers"], series["seconds"], series["floor_seconds"]):
+            rows.append([phase, n, fmt_s(seconds), fmt_s(floor), fmt_ratio(seconds, floor)])
     print_table(
-        f"Cold start on a simulated {NODES}-node cluster ({CPUS_PER_NODE} CPU slots each), "
-        f"median of {reps} (all nodes share this machine's cores)",
-        ["N", "raydist.run", "bare-actor floor", "raydist / floor", "raydist per worker"],
+        f"raydist on a simulated {NODES}-node Ray ({CPUS_PER_NODE} CPUs each, half a CPU a worker; all share this machine's cores)",
+        ["phase", "workers", "raydist", "floor", "raydist / floor"],
         rows,
     )
-    return {
-        "start": {
-            "workers": list(sizes),
-            "seconds": [median(samples[("raydist", n)]) for n in sizes],
-            "floor_seconds": [median(samples[("floor", n)]) for n in sizes],
-        }
-    }
+    return curve
 
 
 def plot(simulated: Mapping[str, Series], path: str, real: Optional[Mapping[str, Series]] = None) -> str:

@@ -2,8 +2,9 @@
 
 ``WorkerGroup(4).run(noop)`` against the least Ray can do for the same thing,
 ``ray.get([a.noop.remote() for a in 4 bare actors])``, both after warm-up.
+``--timeline``: a third group, writing its run's timeline, alternates with them.
 
-    python benchmarks/warm_call.py [--calls 200] [--workers 4] [--quick]
+    python benchmarks/warm_call.py [--calls 200] [--workers 4] [--quick] [--timeline]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 TARGET_MEDIAN_S = 0.005
 TARGET_RATIO = 1.3  # raydist median / bare median
+TARGET_TIMELINE_RATIO = 1.05  # with the timeline on / off (median)
 
 
 def noop() -> None:
@@ -46,9 +48,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="50 calls")
+    parser.add_argument("--timeline", action="store_true", help="also a group that writes its timeline")
     args = parser.parse_args(argv)
     if args.quick:
         args.calls = 50
+
+    import contextlib
+    import os
+    import tempfile
 
     import ray
     from _common import fmt_ms, fmt_ratio, header, init_ray, median, percentile, print_table, verdict
@@ -56,15 +63,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     from raydist import WorkerGroup
 
     header("warm call")
-    init_ray(num_cpus=2 * args.workers)  # both pools alive at once, calls alternate
+    init_ray(num_cpus=(3 if args.timeline else 2) * args.workers)  # every pool alive at once, calls alternate
+    folder = tempfile.mkdtemp(prefix="warm-call-")
     try:
         actors = [ray.remote(num_cpus=1)(BareActor).remote() for _ in range(args.workers)]
-        with WorkerGroup(args.workers) as group:
-            times = sample(
-                {"raydist": lambda: group.run(noop), "bare": lambda: ray.get([a.noop.remote() for a in actors])},
-                args.calls,
-                args.warmup,
-            )
+        with contextlib.ExitStack() as stack:
+            group = stack.enter_context(WorkerGroup(args.workers))
+            calls: Dict[str, Callable[[], object]] = {
+                "raydist": lambda: group.run(noop),
+                "bare": lambda: ray.get([a.noop.remote() for a in actors]),
+            }
+            if args.timeline:
+                traced = stack.enter_context(WorkerGroup(args.workers, timeline=os.path.join(folder, "timeline.json")))
+                calls["timeline"] = lambda: traced.run(noop)
+            times = sample(calls, args.calls, args.warmup)
         for actor in actors:
             ray.kill(actor)
     finally:
@@ -72,8 +84,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     raydist_times, bare_times = times["raydist"], times["bare"]
 
     rows = []
-    for name, times in (("raydist group.run(noop)", raydist_times), ("bare actors ray.get", bare_times)):
-        rows.append([name, fmt_ms(median(times)), fmt_ms(percentile(times, 99)), fmt_ms(min(times))])
+    named = [("raydist group.run(noop)", raydist_times), ("bare actors ray.get", bare_times)]
+    if args.timeline:
+        named.append(("raydist, timeline on", times["timeline"]))
+    for name, samples in named:
+        rows.append([name, fmt_ms(median(samples)), fmt_ms(percentile(samples, 99)), fmt_ms(min(samples))])
     print_table(
         f"Warm call, {args.workers} workers, {args.calls} calls each (alternating) after {args.warmup} warm-up",
         ["method", "median", "p99", "min"],
@@ -97,6 +112,13 @@ def main(argv: Optional[List[str]] = None) -> None:
             ]
         ],
     )
+    if args.timeline:
+        on = median(times["timeline"])
+        print_table(
+            "Warm call with the run's timeline on",
+            ["timeline on / off (median)", f"<= {TARGET_TIMELINE_RATIO:g}x"],
+            [[fmt_ratio(on, rd_median), verdict(on <= TARGET_TIMELINE_RATIO * rd_median)]],
+        )
 
 
 if __name__ == "__main__":
