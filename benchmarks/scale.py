@@ -79,14 +79,15 @@ def run_real(sizes: Sequence[int]) -> Dict[str, Dict[str, List[float]]]:
     """Start, a warm call, a state step and a crash's recovery with a spare on a
     4-node Ray on this machine, each beside its floor (``_scale_real``); the
     table printed, the series returned."""
-    from _common import fmt_ratio, fmt_s, print_table
+    from _common import fmt_ms, fmt_ratio, fmt_s, print_table
     from _scale_real import CPUS_PER_NODE, NODES, real_curve
 
     curve = real_curve(list(sizes), log=lambda line: print(line, flush=True))
     rows = []
     for phase, series in curve.items():
         for n, seconds, floor in zip(series["workers"], series["seconds"], series["floor_seconds"]):
-            rows.append([phase, n, fmt_s(seconds), fmt_s(floor), fmt_ratio(seconds, floor)])
+            show = fmt_s if max(seconds, floor) >= 1 else fmt_ms
+            rows.append([phase, n, show(seconds), show(floor), fmt_ratio(seconds, floor)])
     print_table(
         f"raydist on a simulated {NODES}-node Ray ({CPUS_PER_NODE} CPUs each, half a CPU a worker; all share this machine's cores)",
         ["phase", "workers", "raydist", "floor", "raydist / floor"],
