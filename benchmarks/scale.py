@@ -35,7 +35,7 @@ Series = Mapping[str, Sequence[float]]  # "ranks" / "workers", "seconds", "floor
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16], help="real: workers")
-    parser.add_argument("--quick", action="store_true", help="real: N = 2, 4; simulated: two rounds, 5 calls")
+    parser.add_argument("--quick", action="store_true", help="real: N = 4; simulated: two rounds, 5 calls")
     parser.add_argument("--sim-only", action="store_true", help="only the simulated part (no Ray started)")
     parser.add_argument("--no-sim", action="store_true", help="only the real part")
     parser.add_argument("--sim-reps", type=int, default=3, help="simulated: timed rounds (medians)")
@@ -43,7 +43,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--json", action="store_true", help="print every figure as one JSON object, as the last line")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes = [2, 4]
+        args.sizes = [4]
         args.sim_reps = 2
 
     from _common import header
