@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from raydist.config.flags import flag
 from raydist.config.option import Option
-from raydist.config.values import check_int, optional, type_name
+from raydist.config.values import check_int, check_path_text, optional, type_name
 
 # torchrun's stream codes for -r/--redirects and -t/--tee: a bit per stream.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -79,11 +79,7 @@ def parse_local_ranks(name: str, value: Any) -> Optional[Tuple[int, ...]]:
 
 def check_log_dir(name: str, value: Any) -> str:
     """A directory to create (or reuse) for per-rank logs; not an existing file."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a directory path, not {type_name(value)} {value!r}")
-    path = os.fspath(value)
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"{name} must name a directory, got {value!r}")
+    path = check_path_text(name, value, "directory")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory")
     return path
@@ -147,11 +143,7 @@ LOCAL_RANKS_FILTER = Option(
 
 def check_timeline(name: str, value: Any) -> str:
     """A file to write in an existing directory; not a directory."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a file path, not {type_name(value)} {value!r}")
-    path = os.fspath(value)
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"{name} must name a file, got {value!r}")
+    path = check_path_text(name, value, "file")
     if os.path.isdir(path):
         raise ValueError(f"{name} {path!r} is a directory; give a file path such as {os.path.join(path, 'timeline.json')!r}")
     folder = os.path.dirname(os.path.abspath(path))

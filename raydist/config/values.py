@@ -5,6 +5,7 @@ TypeError / ValueError naming the option."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, Sequence
 
 # An option's check: (option name, value) -> the value normalised.
@@ -74,3 +75,14 @@ def optional(check: Check) -> Check:
 def empty_if_none(check: Check, empty: Any) -> Check:
     """``check`` of ``empty`` where None was given (a mapping or sequence option)."""
     return lambda name, value: check(name, empty if value is None else value)
+
+
+def check_path_text(name: str, value: Any, what: str) -> str:
+    """``value`` as a path naming a ``what`` ("directory", "file"): a string or
+    ``os.PathLike``, not blank."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a {what} path, not {type_name(value)} {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"{name} must name a {what}, got {value!r}")
+    return path
