@@ -40,6 +40,7 @@ _EXPORTS = {
     "WorkerGroup": "raydist.pool.driver.group",
     "WorkerFuture": "raydist.pool.driver.group",
     "WorkerInfo": "raydist.pool.driver.group",
+    "RunSummary": "raydist.pool.driver.summary",
     "DataConfig": "raydist.pool.rules.datasets",
     "get_dataset_shard": "raydist.pool.worker.datasets",
     "split_dataset": "raydist.pool.worker.datasets",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         WorkerStartupTimeout,
     )
     from raydist.pool.driver.group import WorkerFuture, WorkerGroup, WorkerInfo
+    from raydist.pool.driver.summary import RunSummary
     from raydist.pool.rules.datasets import DataConfig
     from raydist.pool.worker.datasets import get_dataset_shard, split_dataset
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from raydist.config import RunConfig, make_config
 from raydist.pool.cluster.ray_cluster import RayCluster
 from raydist.pool.driver.calls import prepare_call
 from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.datasets import check_datasets
+from raydist.pool.driver.summary import RunResults
 from raydist.pool.rules.datasets import DataConfig
 
 
@@ -21,8 +22,9 @@ def run(
     datasets: Optional[Mapping[str, Any]] = None,
     dataset_config: Optional[DataConfig] = None,
     **options: Any,
-) -> List[Any]:
-    """Run ``fn(*args, **kwargs)`` on every worker; return the results by rank.
+) -> RunResults:
+    """Run ``fn(*args, **kwargs)`` on every worker; return the results by rank
+    (a list, whose ``summary`` says where the run's time went: ``RunSummary``).
 
     Options are ``raydist.RunConfig``'s fields, as keywords
     (``run(fn, num_workers=4, backend="gloo")``) or as ``config=``. Each
@@ -43,7 +45,7 @@ def run(
     row-equal or every row). Each attempt gets a split of its own world.
 
     Raises WorkerGroupError (rank, node, pid and traceback of each failure;
-    earlier attempts listed), WorkerGroupTimeout, WorkerStartupTimeout,
+    earlier attempts listed; its ``summary`` the run's), WorkerGroupTimeout, WorkerStartupTimeout,
     InfeasibleResourcesError or ConnectionError; nothing is left running.
     """
     config = make_config(config, options)

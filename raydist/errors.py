@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 class CallEnd(enum.Enum):
@@ -63,6 +63,11 @@ class RaydistError(Exception):
     end: Optional[CallEnd] = None
     # The group replaced its failed ranks before raising: it takes calls again.
     restarted_in_place: bool = False
+    # Where the run's time went, to the end (``RunSummary``; raydist.run's errors).
+    summary: Optional[Any] = None
+
+    def note_summary(self, summary: Any) -> None:
+        self.summary = summary
 
     def note_restarted_in_place(self, attempt: int) -> None:
         """Say (attribute and message) that the group restarted in place as ``attempt``."""

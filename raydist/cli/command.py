@@ -40,15 +40,18 @@ def execute(plan: RunPlan) -> int:
         signals.install(plan.config.signals_to_handle)  # again: ray.init sets its own SIGTERM handler
         # The group returns (or raises) once the ranks' output has reached this process.
         if plan.executable:
-            run(run_executable, args=(plan.target, list(plan.script_args)), config=plan.config)
+            results = run(run_executable, args=(plan.target, list(plan.script_args)), config=plan.config)
         else:
-            run(run_script, args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed), config=plan.config)
+            results = run(run_script, args=(plan.target, list(plan.script_args), plan.module, plan.target_as_typed), config=plan.config)
+        _print_summary(results.summary)
         return 0
     except WorkerGroupError as error:
         print(f"raydist run: {name} failed: {error}", file=sys.stderr, flush=True)
+        _print_summary(error.summary)
         return failure_status(error.failures)
     except WorkerGroupTimeout as error:
         print(f"raydist run: {name} {error}", file=sys.stderr, flush=True)
+        _print_summary(error.summary)
         return EXIT_FAILURE
     except (InfeasibleResourcesError, WorkerStartupTimeout) as error:
         print(f"raydist run: cannot start the workers: {error}", file=sys.stderr, flush=True)
@@ -62,6 +65,12 @@ def execute(plan: RunPlan) -> int:
     finally:
         if connected_here and ray.is_initialized():
             shutdown_ray()  # stops a private local Ray; leaves a cluster running
+
+
+def _print_summary(summary: Any) -> None:
+    """The run's end summary (``RunSummary``), after everything the ranks printed, as torchrun's comes last."""
+    if summary is not None:
+        print(summary.table(), file=sys.stderr, flush=True)
 
 
 def _configure_ray_output() -> None:

@@ -19,9 +19,10 @@ import io
 import os
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 from raydist.core import state_files
 from raydist.core.state_files import SnapshotMeta
@@ -76,12 +77,15 @@ class StateStore:
 
 _store: Optional[StateStore] = None
 _dir_stores: Dict[str, "DirStore"] = {}
+Observer = Callable[[str, Optional[int], float, float], None]  # ("save_state" or "load_state", step, started, ended)
+_observe: Optional[Observer] = None
 
 
-def set_store(store: Optional[StateStore]) -> None:
-    """The store of this process (the pool sets its own in each worker)."""
-    global _store
-    _store = store
+def set_store(store: Optional[StateStore], observe: Optional[Observer] = None) -> None:
+    """The store of this process (the pool sets its own in each worker), and
+    who is told how long each ``save_state`` blocked and each ``load_state`` took."""
+    global _store, _observe
+    _store, _observe = store, observe
 
 
 def _active() -> Optional[StateStore]:
@@ -120,7 +124,10 @@ def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None
     for name, obj in objects.items():
         state = obj.state_dict() if hasattr(obj, "state_dict") else obj
         (snapshot.shared if name in names else snapshot.own)[name] = state
+    started = time.time()
     store.save(snapshot)  # copies what it keeps: the store knows where the copy is best made
+    if _observe is not None:
+        _observe("save_state", step, started, time.time())
 
 
 def load_state(**objects: Any) -> Optional[int]:
@@ -134,6 +141,14 @@ def load_state(**objects: Any) -> Optional[int]:
     store = _active()
     if store is None:
         return None
+    started = time.time()
+    step = _load_into(store, objects)
+    if _observe is not None:
+        _observe("load_state", step, started, time.time())
+    return step
+
+
+def _load_into(store: StateStore, objects: Dict[str, Any]) -> Optional[int]:
     rank, world_size, _, _ = _whoami()
     store.wait_copied()  # the objects are written below: a copy of them still being made reads them first
     found = store.load(rank, world_size)

@@ -109,6 +109,7 @@ class Outcome:
     timestamp: float = 0.0
     collectives: Optional[Tuple[CollectiveEntry, ...]] = None  # a failed call's last collectives, when it was in one
     spans: Tuple[Any, ...] = ()  # what the rank did since its last result, for the run's timeline (``timeline.Span``)
+    waits: Tuple[Tuple[str, float], ...] = ()  # seconds waited since its last result, by kind ("data", "state")
 
     @property
     def ok(self) -> bool:
@@ -118,7 +119,7 @@ class Outcome:
         """What travels back to the driver: a plain success whose value is of
         a ``BARE_RESULT_TYPES`` type as that value (a warm call then pickles no
         wrapper), anything else as the Outcome."""
-        plain = self.ok and self.exception_type is None and self.collectives is None and not self.spans
+        plain = self.ok and self.exception_type is None and self.collectives is None and not self.spans and not self.waits
         return self.value if plain and type(self.value) in BARE_RESULT_TYPES else self
 
 

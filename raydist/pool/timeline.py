@@ -9,9 +9,11 @@ so far: drop the last comma and close the array. Tracks: the driver's
 with a row per rank on it (``tid`` = rank + 1). Times are seconds since the
 epoch on the cluster's clock, written in microseconds.
 
-``SpanBuffer`` is a rank's side: what its process did (start, init, each
-call), kept until its next result carries it to the driver. A call costs
-a flag test when the timeline is off.
+``SpanBuffer`` is a rank's side (``SPANS`` in each worker process): what
+its process did (start, init, each call, its waits for data and for state),
+kept until its next result carries it to the driver. With the timeline off
+it keeps the two start-up steps and two sums, which the run's summary
+shows; a call then costs a flag test and an empty check.
 """
 
 from __future__ import annotations
@@ -88,7 +90,10 @@ class Timeline:
     def spans(self, spans: Tuple[Span, ...], rank: int, node: str, **args: Any) -> None:
         """What a rank's ``SpanBuffer`` sent, on its row."""
         for name, cat, start, end, own in spans:
-            self.span(name, cat, start, end, rank=rank, node=node, **{**args, **own})
+            if start == end:  # a moment (a step committed)
+                self.instant(name, cat, start, rank=rank, node=node, **{**args, **own})
+            else:
+                self.span(name, cat, start, end, rank=rank, node=node, **{**args, **own})
 
     def phase(self, name: str) -> None:
         """The run entered phase ``name``: the last one becomes a span on the
@@ -178,30 +183,48 @@ class Timeline:
 
 
 class SpanBuffer:
-    """A rank's spans since its last result. Start-up steps are kept before
-    the run's environment says whether the timeline is on (``switch``); a
-    call's are recorded only when it is."""
+    """A rank's records since its last result: its start-up steps (always:
+    the run's summary shows them; they are kept before the run's environment
+    says whether the timeline is on), the seconds it waited for data and in
+    ``save_state`` / ``load_state`` (always: two sums), and, only with the
+    timeline on (``switch``), a span for each call, wait and state step."""
+
+    ALWAYS = ("start", "init")  # the categories kept with the timeline off
 
     def __init__(self, limit: int = 10_000) -> None:
         self.on = False
         self.started = False  # the process's start was recorded (it is described again at each warm restart)
         self._limit = limit  # a rank whose results never come back keeps at most this many
         self._spans: List[Span] = []
+        self._waits: Dict[str, float] = {}
         self._lock = threading.Lock()
 
     def switch(self, on: bool) -> None:
         self.on = on
 
     def add(self, name: str, cat: str, start: float, end: float, **args: Any) -> None:
-        with self._lock:
-            if len(self._spans) < self._limit:
-                self._spans.append((name, cat, start, end, args))
+        if self.on or cat in self.ALWAYS:
+            with self._lock:
+                if len(self._spans) < self._limit:
+                    self._spans.append((name, cat, start, end, args))
 
-    def take(self) -> Tuple[Span, ...]:
-        """The spans kept so far (none when the timeline is off); the buffer is empty after."""
+    def waited(self, name: str, cat: str, start: float, end: float, **args: Any) -> None:
+        """A wait of ``cat`` (``data``, ``state``): summed always, a span with the timeline on."""
         with self._lock:
-            taken, self._spans = tuple(self._spans), []
-        return taken if self.on else ()
+            self._waits[cat] = self._waits.get(cat, 0.0) + (end - start)
+        self.add(name, cat, start, end, **args)
+
+    def take(self) -> Tuple[Tuple[Span, ...], Tuple[Tuple[str, float], ...]]:
+        """The spans and the waits' sums kept since the last take (often both empty)."""
+        if not self._spans and not self._waits:  # a warm call with nothing to say takes no lock
+            return (), ()
+        with self._lock:
+            spans, self._spans = tuple(self._spans), []
+            waits, self._waits = tuple(self._waits.items()), {}
+        return spans, waits
+
+
+SPANS = SpanBuffer()  # this process's (a rank's): its records travel with its next result
 
 
 def process_started() -> float:

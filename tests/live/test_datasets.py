@@ -267,3 +267,6 @@ def test_torch_batches_are_tensors_of_equal_count(group: raydist.WorkerGroup) ->
     results = group.run(tensors, args=(16,), datasets={"train": ray.data.range(75, override_num_blocks=3)})
     assert results[0][0] == results[1][0] == 3 and results[0][1] == "torch.float64"
     assert len(set(results[0][2]) | set(results[1][2])) == 74  # one row dropped to make the split row-equal
+    # Each rank's waits for its batches are in the group's summary.
+    ranks = group.summary().attempts[-1].ranks
+    assert all(ranks[rank].waits["data"] > 0 for rank in (0, 1)), group.summary()

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -26,6 +27,7 @@ from marks import read_marks
 from state_ddp import train
 
 import raydist
+from raydist.pool.worker.metrics import FIGURES
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,6 +70,14 @@ def check_timeline(events: List[Dict[str, Any]], crashed: int, spare: bool) -> N
     calls = [e for e in after if e["cat"] == "call" and e["args"]["attempt"] == 1]
     assert sorted(e["args"]["rank"] for e in calls) == [0, 1, 2, 3] and all("ended" not in e["args"] for e in calls)  # the ranks' own
     assert {e["cat"] for e in moments} >= {"placement", "start", "init", "call", "controller", "failure"}
+
+
+def exported_figures() -> Dict[str, str]:
+    """raydist's figures among what Ray exports for Prometheus on this (one-node) Ray: name -> its lines."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("ray_raydist_")]
+    return {name: "\n".join(line for line in lines if line.startswith(f"ray_{name}")) for name in FIGURES}
 
 
 def step_dir(step: int) -> str:
@@ -113,6 +123,10 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
     check_timeline(json.loads(timeline.read_text()), crashed=1, spare="spare_workers" in options)
     if options.get("restart_mode") != "fresh":  # ranks 0, 2, 3 kept their process and loaded from memory
         assert len({r["pid"] for r in results}) == 4
+    # raydist's figures in Ray's metrics: the restart, its recovery, save_state's blocking time, the committed step.
+    wanted = {"raydist_restarts", "raydist_recovery_seconds", "raydist_save_state_blocking_seconds", "raydist_committed_step"}
+    wait_for(lambda: all(exported_figures()[name] for name in wanted), 60, "raydist's figures exported by Ray")
+    assert 'rank="3"' in exported_figures()["raydist_save_state_blocking_seconds"]
     assert_nothing_left(within=30, files=False)  # the run's keeper went with it (a crashed rank's files may stay)
 
 

@@ -1,10 +1,12 @@
 """A driver killed mid-run leaves no training state behind: its keeper (a
 detached actor, so that it outlives any rank and attempt) sees the driver's
 job die, writes the last committed step to ``state_dir`` and ends, with the
-holders it owns; a new run resumes from what it wrote."""
+holders it owns; a new run resumes from what it wrote. Its timeline file,
+an unfinished array, loads once closed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,18 +45,18 @@ DRIVER = textwrap.dedent(
 
 
     ray.init(address=sys.argv[1])
-    raydist.run(train, args=(sys.argv[2],), num_workers=2, state_dir=sys.argv[3])
+    raydist.run(train, args=(sys.argv[2],), num_workers=2, state_dir=sys.argv[3], timeline=sys.argv[4])
     """
 )
 
 
 @pytest.mark.soak  # a killed driver (a run's state left nothing behind runs in make test)
 def test_a_killed_driver_leaves_no_keeper_or_holder(ray_local: None, tmp_path: Path) -> None:
-    script, marks, state_dir = tmp_path / "driver.py", tmp_path / "marks", tmp_path / "state"
+    script, marks, state_dir, timeline = tmp_path / "driver.py", tmp_path / "marks", tmp_path / "state", tmp_path / "timeline.json"
     script.write_text(DRIVER)
     marks.mkdir()
     driver = subprocess.Popen(
-        [sys.executable, str(script), ray.get_runtime_context().gcs_address, str(marks), str(state_dir)],
+        [sys.executable, str(script), ray.get_runtime_context().gcs_address, str(marks), str(state_dir), str(timeline)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -78,3 +80,9 @@ def test_a_killed_driver_leaves_no_keeper_or_holder(ray_local: None, tmp_path: P
     assert_nothing_left()
     newest = state_files.newest(str(state_dir))
     assert newest is not None and newest.step >= 2  # the last committed step was written first
+    # The run's timeline up to the kill: an unfinished array, whole once closed.
+    text = timeline.read_text()
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    events = json.loads(text.rstrip().rstrip(",") + "]")
+    assert {"placement", "start", "controller"} <= {e.get("cat") for e in events}, events

@@ -43,6 +43,12 @@ def test_even_steps_name_no_one_and_a_rank_50_ms_slower_per_step_is_named_within
     assert [s.rank for s in found] == [1], found
     assert 0.035 < found[0].late_s < 0.2 and found[0].collectives <= 20
     assert "rank 1 reaches collectives" in found[0].line()
+    # The run's summary names it too: rank 0 waited for it in each of those collectives, rank 1 hardly ever.
+    summary = group.summary()
+    table = str(summary)
+    assert summary.slowest_rank() == 1 and "slowest rank: rank 1 " in table, table
+    waits = {rank: times.waits["collective"] for rank, times in summary.attempts[-1].ranks.items()}
+    assert waits[0] > 0.5 and waits[1] < 0.3, table
 
 
 @pytest.mark.soak  # the warning's once-only rule: tests/unit/rules; a real straggler named: the test above

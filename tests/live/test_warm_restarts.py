@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import ray
@@ -235,8 +235,8 @@ dist.destroy_process_group()
 """
 
 
-def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
-    """Run SCRIPT on 2 ranks with one restart; attempt -> rank -> pid."""
+def script_pids(tmp_path: Path, *flags: str) -> Tuple[Dict[int, Dict[int, int]], str]:
+    """Run SCRIPT on 2 ranks with one restart; attempt -> rank -> pid, and what it printed on stderr."""
     script = tmp_path / "restart_me.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -270,13 +270,22 @@ def script_pids(tmp_path: Path, *flags: str) -> Dict[int, Dict[int, int]]:
             note = json.loads(line.split("pid ", 1)[1])
             seen.setdefault(note["attempt"], {})[note["rank"]] = note["pid"]
     assert set(seen) == {0, 1} and all(len(ranks) == 2 for ranks in seen.values()), result.stdout + result.stderr
-    return seen
+    return seen, result.stderr
 
 
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.parametrize("mode", ["warm", pytest.param("fresh", marks=pytest.mark.soak)])  # fresh: test_cli's script restarts
 def test_a_script_restarts_in_place_only_in_the_opt_in_mode(tmp_path: Path, mode: str) -> None:
-    pids = script_pids(tmp_path, *(["--restart-mode", "warm"] if mode == "warm" else []))
+    timeline = tmp_path / "timeline.json"
+    pids, stderr = script_pids(tmp_path, "--timeline", str(timeline), *(["--restart-mode", "warm"] if mode == "warm" else []))
+    # The run's timeline and its end summary: rank 1 failed in attempt 0, a new world, both ranks ran the script again.
+    moments = [e for e in json.loads(timeline.read_text()) if e["ph"] != "M"]
+    failed = next(i for i, e in enumerate(moments) if e["cat"] == "failure")
+    assert moments[failed]["args"]["rank"] == 1 and moments[failed]["args"]["cause"] == "exited with status 3", moments[failed]
+    assert any(e["cat"] == "restart" for e in moments[failed:])
+    assert sorted(e["args"]["rank"] for e in moments[failed:] if e["cat"] == "call" and e["args"]["attempt"] == 1) == [0, 1]
+    summary = stderr[stderr.index("raydist run summary: 2 attempt(s)") :]
+    assert "exited with status 3" in summary and "succeeded" in summary, summary
     if mode == "warm":
         assert pids[1] == pids[0]  # rank 1 exited with a status: its process lives, and both are kept
     else:

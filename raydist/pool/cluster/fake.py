@@ -30,6 +30,7 @@ from raydist.pool.cluster.fake_worker import FakeAgent, FakeProcess, FakeWorker
 from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
+from raydist.pool.worker.metrics import FIGURES
 
 DRAIN_NOTICE_S = 20.0  # a "drain-node" fault's deadline: the node is gone this long after
 
@@ -44,6 +45,7 @@ class FakeCluster:
         self.connected = True
         self._table: Dict[bytes, Any] = {}  # what pickle() stood for
         self.processes = FakeProcesses(self._table.__getitem__)
+        self.recorded: List[Tuple[str, float, Dict[str, str]]] = []  # the run's figures (``record``), in order
         self._lock = threading.RLock()
 
     # -- who is there ---------------------------------------------------------
@@ -78,6 +80,10 @@ class FakeCluster:
 
     def time(self) -> float:
         return EPOCH + self.clock.now
+
+    def record(self, figure: str, value: float, tags: Mapping[str, str]) -> None:
+        assert figure in FIGURES, figure
+        self.recorded.append((figure, value, dict(tags)))
 
     def sleep(self, seconds: float) -> None:
         self._until([], 0, self.clock.now + seconds)

@@ -27,6 +27,7 @@ from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 from raydist.pool.worker.actor import RayWorker
 from raydist.pool.worker.evidence import NodeAgent
+from raydist.pool.worker.metrics import FIGURES_HERE
 
 _RemoteWorker = ray.remote(RayWorker)
 _RemoteAgent = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
@@ -74,6 +75,9 @@ class RayCluster:
 
     def time(self) -> float:
         return time.time()
+
+    def record(self, figure: str, value: float, tags: Mapping[str, str]) -> None:
+        FIGURES_HERE.record(figure, value, tags)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -94,6 +94,11 @@ class Cluster(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
+    def record(self, figure: str, value: float, tags: Mapping[str, str]) -> None:
+        """Add ``value`` to the run's figure ``figure`` (``raydist.pool.worker.metrics.FIGURES``)
+        where the cluster's own metrics are (Ray: ``ray.util.metrics``)."""
+        ...
+
     def after(self, delay: float, fn: Callable[[], None], name: str) -> Timer:
         """Run ``fn`` once, ``delay`` seconds from now, off the caller's thread
         (thread ``name``): the engine's polls and background starts, so that a

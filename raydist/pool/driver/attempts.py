@@ -24,22 +24,23 @@ Policy = Callable[[BaseException, Facts], Decision]
 
 
 class Attempts:
-    def __init__(self, config: RunConfig, fresh_restarts: bool, policy: Optional[Policy] = None):
+    def __init__(self, config: RunConfig, fresh_restarts: bool, cluster: Cluster, policy: Optional[Policy] = None):
         self._config = config
+        self._cluster = cluster  # its metrics get the restarts
         self.fresh_restarts = fresh_restarts  # a run starts new attempts; a WorkerGroup raises instead
         self._policy = policy or decide  # injectable: the engine tests pass their own
         self.number = 0  # the attempt that runs or starts (TORCHELASTIC_RESTART_COUNT)
         self.restarts_used = 0  # counted against max_restarts
         self.history: List[BaseException] = []  # the errors the run restarted after, oldest first
 
-    def decide(self, error: BaseException, cluster: Cluster, holdings: Optional[Holdings], *, started: bool, newest: bool) -> Decision:
+    def decide(self, error: BaseException, holdings: Optional[Holdings], *, started: bool, newest: bool) -> Decision:
         """The policy's answer to ``error`` on ``cluster`` (``started``: the
         attempt had started; ``newest``: the failed call is its newest)."""
         config = self._config
         facts = Facts(
             restarts_left=config.max_restarts - self.restarts_used,
             retry_on_exception=config.retry_on_exception,
-            driver_node=cluster.driver_node() if cluster.session() is not None else None,
+            driver_node=self._cluster.driver_node() if self._cluster.session() is not None else None,
             started=started,
             warm_restarts=config.warm_restarts,
             node_layout=holdings is not None and holdings.request.node_layout,
@@ -57,6 +58,7 @@ class Attempts:
         self.restarts_used += int(decision.reason.counted)
         self.history.append(error)
         self.number += 1
+        self._cluster.record("raydist_restarts", 1, {"kind": decision.action.value})
         logger.warning(restart_line(decision.reason, old_size, self.number, self._config.max_restarts, self.restarts_used))
 
     def restarted_after(self, error: BaseException) -> bool:
@@ -73,4 +75,5 @@ class Attempts:
         logger.warning("raydist: attempt %d started with world size %d (was %d)", self.number, size, old_size)
         failures = failed.failures if isinstance(failed, WorkerGroupError) else []
         seconds = now - min([f.timestamp for f in failures] + [now])
+        self._cluster.record("raydist_recovery_seconds", seconds, {})
         logger.warning(restart_summary(None, [], old_size, size, seconds, self._config.survivor_timeout))

@@ -170,7 +170,7 @@ def end_of_call(
     if why is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
         failures = explain_deaths(failures, world.workers, world.agents)
     end = classify_end(failures, waited.pending, stopped=why, drained_nodes=world.drained)
-    call_ended(world.timeline, world, future.number, future.sent_at, waited, failures)
+    call_ended(world, future.number, future.sent_at, waited, failures)
     if end is CallEnd.FINISHED:
         return world.settle_output(future.number, waited.results), None, waited
     return None, error_for(end, world, waited, failures, config_timeout or 0.0), waited  # a timeout says the one set

@@ -40,6 +40,7 @@ from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import WarmRestart
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
+from raydist.pool.driver.summary import RunResults, RunSummary
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase
@@ -56,7 +57,7 @@ class RunController:
     def __init__(self, cluster: Cluster, config: RunConfig, fresh_restarts: bool, policy: Optional[Policy] = None):
         self.config = config
         self.cluster = cluster
-        self.attempts = Attempts(config, fresh_restarts, policy)
+        self.attempts = Attempts(config, fresh_restarts, cluster, policy)
         self._state = RunState()  # save_state's copies outlive every attempt
         self._hooks = group_hooks(config)  # a missing backend library fails here, before the cluster
         self._grow = False  # the world was stopped because the cluster has room for more
@@ -76,6 +77,7 @@ class RunController:
             extra_env=self._state.env(config, cluster),
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
+        self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
         self._start(None)
 
     # -- attempts ----------------------------------------------------------
@@ -88,7 +90,7 @@ class RunController:
             except RaydistError as error:
                 if self.life.closing:
                     raise
-                decision = self.attempts.decide(error, self.cluster, self.holdings, started=False, newest=True)
+                decision = self.attempts.decide(error, self.holdings, started=False, newest=True)
                 if decision.action not in (Action.FRESH, Action.RESIZE):
                     self.stop(CallEnd.SHUT_DOWN)
                     raise self.attempts.final(error) from None
@@ -157,9 +159,7 @@ class RunController:
         with self.life.lock:  # only the newest call restarts (a newer one is queued behind it on the old workers)
             current = self.life.phase is GroupPhase.RUNNING and self.world is future.world
             newest = future.number == self._calls - 1
-        decision = (
-            self.attempts.decide(error, self.cluster, self.holdings, started=True, newest=newest) if current else Decision(Action.RAISE)
-        )
+        decision = self.attempts.decide(error, self.holdings, started=True, newest=newest) if current else Decision(Action.RAISE)
         if decision.action is Action.WARM and self._restart_warm(decision, error, future, waited):
             error.note_restarted_in_place(self.attempts.number)
             return
@@ -226,6 +226,7 @@ class RunController:
                 holdings.release(graceful and first)
             self._state.release(self.cluster)  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
+        self.summary.ended(cause.value)
         if world is not None:
             number, waited = settle if settle is not None else (None, Waited([]))
             world.close_output(number, waited.results, waited.marked_failures)
@@ -252,15 +253,19 @@ class RunController:
             raise RuntimeError(SESSION_GONE)
 
 
-def run_call(run: RunController, call: bytes, data: Optional[CallData] = None) -> List[Any]:
+def run_call(run: RunController, call: bytes, data: Optional[CallData] = None) -> RunResults:
     """``raydist.run``'s loop: ``call`` on ``run`` until it succeeds or the policy
     raises, sent again after each restart; the run is shut down after."""
     try:
         while True:
             try:
-                return run.send(call, data).result()
+                values = run.send(call, data).result()
+                run.summary.ended("succeeded")
+                return RunResults(values, run.summary)
             except RaydistError as error:
                 if not run.attempts.restarted_after(error):
+                    run.summary.ended(error.end.value if error.end else type(error).__name__)
+                    error.note_summary(run.summary)
                     raise
     finally:
         run.stop(CallEnd.SHUT_DOWN, graceful=True)

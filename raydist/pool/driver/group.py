@@ -15,6 +15,7 @@ from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.calls import WorkerFuture, prepare_call
 from raydist.pool.driver.controller import RunController
 from raydist.pool.driver.datasets import CallData, check_datasets
+from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.world import Attachment
 from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
 from raydist.pool.rules.datasets import DataConfig
@@ -153,6 +154,12 @@ class WorkerGroup:
             self._run.check_usable()
         world = self._run.world
         return world.stragglers(refresh) if world else []
+
+    def summary(self) -> RunSummary:
+        """Where the group's time went so far: each attempt's world and how it
+        ended, each rank's start, init and call times and its waits (in
+        collectives, for data, for state), the slowest rank. ``str()`` of it is the table."""
+        return self._run.summary
 
     def attach(self, name: str, thing: Attachment) -> None:
         """Keep ``thing`` with the group's current world: stopped when that world

@@ -107,8 +107,9 @@ class WarmRestart:
             new.end()  # (its actors are held: the teardown after the abort kills them)
             raise RestartAborted("the group was shut down during its warm restart")
         holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group
-        world_ready(builder.timeline, new, old, spare_pids)
+        world_ready(new, old, spare_pids)
         seconds = cluster.time() - failed_at
+        cluster.record("raydist_recovery_seconds", seconds, {})
         taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
         holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
         return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)

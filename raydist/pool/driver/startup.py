@@ -25,6 +25,7 @@ from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.spares import Spare, SparePool
 from raydist.pool.driver.stragglers import StragglerWatch
+from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
@@ -131,6 +132,7 @@ class GroupBuilder:
         self.config = config
         self._cluster = cluster
         self.timeline = Timeline(config.timeline, cluster.time)  # the run's, every attempt in it: each world records into it
+        self.summary = RunSummary()  # the run's, too
         on = {TIMELINE_ENV: "1"} if self.timeline.on else {}
         self._extra_env = {**(extra_env or {}), **on}  # the run's variables for every rank (its training state, the timeline)
         self._hooks = hooks
@@ -149,7 +151,7 @@ class GroupBuilder:
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
             world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
-            world_ready(self.timeline, world)
+            world_ready(world)
             # Off the start path: the other nodes' agents start while the first call runs.
             holdings.agents.start([worker.node_id for worker in world.workers] + [spare.node_id for spare in standby])
             return world
@@ -226,8 +228,10 @@ class GroupBuilder:
             watching.stop()
             output.close()
             raise
-        recorder, timeline = self.config.flight_recorder, self.timeline
-        world = World(number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, recorder, timeline)
+        recorder, timeline, summary = self.config.flight_recorder, self.timeline, self.summary
+        world = World(
+            number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, recorder, timeline, summary
+        )
         watching.start(*watchers(self.config, holdings, world, self._stop_group))
         return world
 
@@ -332,6 +336,10 @@ def watchers(
     workers, request, sizes = world.workers, holdings.request, config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
+        node = workers[ranks[0]].node_id if ranks else None
+        world.timeline.instant(
+            f"node {(node or '?')[:12]} draining", "node", attempt=world.attempt, node=node, deadline=deadline, ranks=ranks
+        )
         world.agents.ask(workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
 
     def room() -> int:
@@ -345,7 +353,11 @@ def watchers(
 
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
     drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster).start()
-    watch = StragglerWatch(workers, world.agents, holdings.cluster).start() if config.flight_recorder else None
+    watch = (
+        StragglerWatch(workers, world.agents, holdings.cluster, timeline=world.timeline, attempt=world.attempt).start()
+        if config.flight_recorder
+        else None
+    )
     return drains, watch
 
 

@@ -5,6 +5,10 @@ a group lives and names a rank that reaches collectives consistently late
 The calls themselves carry nothing extra: every ``POLL_INTERVAL_S`` the
 watch asks each node's agent, which asks its workers' diagnostics threads
 (about 1 ms per rank, off the training thread's GIL-free collective waits).
+What it reads also feeds the run's summary (each rank's seconds waiting in
+collectives for the last rank to arrive; when the world's first collective
+came) and, with the timeline on, each collective as a moment on its rank's
+row (gloo's recorder has when a rank entered a collective, not when it left).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 from raydist.pool.cluster.seam import Cluster, Timer
 from raydist.pool.records import CollectiveEntry, WorkerInfo
 from raydist.pool.rules.stragglers import Straggler, find_stragglers
+from raydist.pool.timeline import Timeline
 
 if TYPE_CHECKING:
     from raydist.pool.driver.agents import NodeAgents
@@ -32,8 +37,21 @@ CLOCK_SAMPLES = 3
 class StragglerWatch:
     """Polls the ranks' recorders; ``stragglers`` is the latest verdict."""
 
-    def __init__(self, workers: Sequence[WorkerInfo], agents: "NodeAgents", cluster: Cluster, interval: float = POLL_INTERVAL_S):
+    def __init__(
+        self,
+        workers: Sequence[WorkerInfo],
+        agents: "NodeAgents",
+        cluster: Cluster,
+        interval: float = POLL_INTERVAL_S,
+        timeline: Optional[Timeline] = None,
+        attempt: int = 0,
+    ):
         self._workers = list(workers)
+        self._timeline = timeline if timeline is not None and timeline.on else None
+        self._attempt = attempt
+        self.waits: Dict[int, float] = {w.rank: 0.0 for w in self._workers}  # seconds waiting for the last rank to arrive
+        self.first_at: Optional[float] = None  # when the first collective was entered (seconds since the epoch)
+        self._counted: set = set()  # collectives whose waits are summed
         self._agents = agents
         self._cluster = cluster
         self._interval = interval
@@ -85,14 +103,44 @@ class StragglerWatch:
         for rank, entries in found.items():
             kept = self._history[rank]
             for entry in entries or ():  # type: ignore[attr-defined]
-                kept[(entry.group, entry.seq)] = entry
+                key = (entry.group, entry.seq)
+                if key not in kept:
+                    self._saw(rank, entry)
+                kept[key] = entry
             for key in sorted(kept, key=lambda k: kept[k].created_ns)[:-KEPT_ENTRIES]:
                 del kept[key]
+        self._count_waits()
         verdict = find_stragglers({r: list(h.values()) for r, h in self._history.items()}, self._offsets or {})
         self.stragglers = verdict
         for straggler in verdict:
             self._name(straggler)
         return verdict
+
+    def _saw(self, rank: int, entry: CollectiveEntry) -> None:
+        """A collective seen for the first time on ``rank``."""
+        at = (entry.created_ns - (self._offsets or {}).get(rank, 0)) / 1e9
+        self.first_at = at if self.first_at is None else min(self.first_at, at)
+        if self._timeline is not None:
+            worker = self._workers[rank]
+            shapes = ", ".join("x".join(map(str, shape)) for shape in entry.shapes)
+            self._timeline.instant(
+                entry.op, "collective", at, rank, worker.node_id, attempt=self._attempt, seq=entry.seq, group=entry.group, shapes=shapes
+            )
+
+    def _count_waits(self) -> None:
+        """Add each collective every rank has now recorded, once: a rank waited from its
+        entry until the last rank's."""
+        offsets, history = self._offsets or {}, self._history
+        first = history[self._workers[0].rank] if self._workers else {}
+        for key in [k for k in first if k not in self._counted]:
+            times = {rank: kept[key].created_ns - offsets.get(rank, 0) for rank, kept in history.items() if key in kept}
+            if len(times) < len(history):
+                continue
+            self._counted.add(key)
+            last = max(times.values())
+            for rank, entered in times.items():
+                self.waits[rank] += (last - entered) / 1e9
+        self._counted &= set(first)  # the ones trimmed from the history are not seen again
 
     def _name(self, straggler: Straggler) -> None:
         now = self._cluster.monotonic()

@@ -1,48 +1,66 @@
-"""What the engine puts in a run's timeline (``raydist.pool.timeline``): each
-rank's span of each call (its own, sent with its result, or the driver's view
-of a rank that never sent one), failures with their cause, and the worlds a
-restart builds, spares named."""
+"""What the engine records of a run as it goes: in its timeline
+(``raydist.pool.timeline``), each rank's span of each call (its own, sent
+with its result, or the driver's view of a rank that never sent one),
+failures with their cause, lost nodes, and the worlds a restart builds,
+spares named; in its summary (``summary.RunSummary``), the same calls and
+worlds, timed."""
 
 from __future__ import annotations
 
-from typing import Collection, Sequence
+from typing import Collection, Dict, Sequence
 
 from raydist.errors import WorkerFailure
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
 from raydist.pool.records import WorkerInfo
-from raydist.pool.timeline import Timeline
+from raydist.pool.rules.explain import NODE_LOST_TEXT
 
 
-def call_ended(timeline: Timeline, world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
+def call_ended(world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
     """Call ``number`` on ``world`` ended as ``waited`` says (``failures``: its failed ranks, deaths explained)."""
-    if not timeline.on:
-        return
+    timeline = world.timeline
     now, failed = timeline.now(), {failure.rank: failure for failure in failures}
+    ran: Dict[int, float] = {}
     for worker in world.workers:
         rank, own = worker.rank, waited.spans.get(worker.rank, ())
         timeline.spans(own, rank, worker.node_id, attempt=world.attempt, pid=worker.pid)
-        if any(cat == "call" for _, cat, *_ in own):
+        call = next(((start, end) for _, cat, start, end, _ in own if cat == "call"), None)
+        if call is not None:
+            ran[rank] = call[1] - call[0]
             continue
         failure = failed.get(rank)  # a rank that died, or whose result could not come back, sent no span of its own
-        ended = "failed" if failure else "not finished" if rank in waited.pending else "finished"
         end = failure.timestamp if failure is not None and failure.timestamp >= sent_at else now
-        timeline.span("call", "call", sent_at, end, rank, worker.node_id, attempt=world.attempt, pid=worker.pid, call=number, ended=ended)
+        ran[rank] = end - sent_at
+        if timeline.on:
+            ended = "failed" if failure else "not finished" if rank in waited.pending else "finished"
+            timeline.span(
+                "call", "call", sent_at, end, rank, worker.node_id, attempt=world.attempt, pid=worker.pid, call=number, ended=ended
+            )
+    world.summary.call_ended(world.attempt, ran, waited.spans, waited.waits, failures)
+    if not timeline.on:
+        return
+    lost = set()
     for failure in failures:
+        at = failure.timestamp or now
         timeline.instant(
             f"rank {failure.rank} failed",
             "failure",
-            failure.timestamp or now,
+            at,
             failure.rank,
             failure.node_id or None,
             attempt=world.attempt,
             cause=failure.summary(),
         )
+        if failure.died == NODE_LOST_TEXT and failure.node_id not in lost:
+            lost.add(failure.node_id)
+            timeline.instant(f"node {failure.node_id[:12]} lost", "node", at, attempt=world.attempt, node=failure.node_id)
 
 
-def world_ready(timeline: Timeline, world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collection[int] = ()) -> None:
+def world_ready(world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collection[int] = ()) -> None:
     """``world`` is set up: an instant on the driver's row; a spare that took a
     rank's place, on that rank's row."""
+    timeline = world.timeline
+    world.summary.world_ready(world.attempt, world.workers, timeline.now())
     if not timeline.on:
         return
     kept = {worker.pid for worker in old}

@@ -35,12 +35,16 @@ class Waited:
     failures: List[WorkerFailure] = field(default_factory=list)
     pending: List[int] = field(default_factory=list)
     unsent: List[int] = field(default_factory=list)  # ranks whose value could not come back (markers unknown)
-    spans: Dict[int, Tuple[Any, ...]] = field(default_factory=dict)  # rank -> what it recorded for the timeline
+    spans: Dict[int, Tuple[Any, ...]] = field(default_factory=dict)  # rank -> what it recorded (``SpanBuffer.take``)
+    waits: Dict[int, Tuple[Tuple[str, float], ...]] = field(default_factory=dict)  # rank -> its waits' sums
 
     def keep(self, rank: int, value: Any) -> Any:
-        """``value`` as the rank's result: an Outcome's spans are kept here."""
-        if isinstance(value, Outcome) and value.spans:
-            self.spans[rank] = value.spans
+        """``value`` as the rank's result: an Outcome's records are kept here."""
+        if isinstance(value, Outcome):
+            if value.spans:
+                self.spans[rank] = value.spans
+            if value.waits:
+                self.waits[rank] = value.waits
         return value
 
     @property

@@ -19,6 +19,7 @@ from raydist.pool.driver.agents import NodeAgents
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput
 from raydist.pool.driver.stragglers import StragglerWatch
+from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.explain import format_stacks
@@ -91,6 +92,7 @@ class World:
     watchers: Watchers = field(default_factory=Watchers)
     flight_recorder: bool = True
     timeline: Timeline = field(default_factory=lambda: Timeline(None))  # the run's (it outlives the world)
+    summary: RunSummary = field(default_factory=RunSummary)  # the run's, too
 
     @property
     def size(self) -> int:
@@ -148,8 +150,11 @@ class World:
         self.output.close(call, results, failed_ranks)
 
     def stop_watching(self) -> None:
-        """Stop every watcher of this world (returns at once); what they saw is kept."""
+        """Stop every watcher of this world (returns at once); what they saw is kept, and told to the run's summary."""
         self.watchers.stop()
+        watch = self.watchers.watch
+        if watch is not None:
+            self.summary.collectives(self.attempt, watch.waits, watch.first_at, list(watch.first_named.values()))
 
     def end(self) -> None:
         """Everything of this world stopped and closed; safe to call more than once."""

@@ -21,7 +21,7 @@ from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.timeline import ENV_VAR as TIMELINE_ENV
-from raydist.pool.timeline import SpanBuffer, process_started
+from raydist.pool.timeline import SPANS, process_started
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
@@ -33,7 +33,6 @@ from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 if TYPE_CHECKING:
     from raydist.core.initialize import DistInfo
 
-SPANS = SpanBuffer()  # this process's spans for the run's timeline
 PROCESS_STARTED = process_started()
 
 
@@ -105,17 +104,20 @@ def _raised_in_collective(error: BaseException) -> bool:
 
 def _sent_compact(execute: Callable[[Any, Optional[bytes]], Outcome]) -> Callable[[Any, Optional[bytes]], Any]:
     """A plain success goes back as its bare value (``Outcome.to_send``): the
-    driver reads either form. With the run's timeline on, the call's span and
-    what else this rank recorded since its last result go with it."""
+    driver reads either form. What this rank recorded since its last result
+    (``SPANS``: its start-up, its waits; with the run's timeline on, the
+    call's span too) goes with it."""
 
     @functools.wraps(execute)
     def run(self: Any, call: Optional[bytes] = None) -> Any:
-        if not SPANS.on:
-            return execute(self, call).to_send()
-        started = time.time()
+        started = time.time() if SPANS.on else 0.0
         outcome = execute(self, call)
-        SPANS.add("call", "call", started, time.time())
-        return dataclasses.replace(outcome, spans=SPANS.take()).to_send()
+        if SPANS.on:
+            SPANS.add("call", "call", started, time.time())
+        spans, waits = SPANS.take()
+        if spans or waits:
+            outcome = dataclasses.replace(outcome, spans=spans, waits=waits)
+        return outcome.to_send()
 
     return run
 

@@ -10,10 +10,12 @@ a row-equal split every rank then runs the same number of steps.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from raydist.pool.rules.batches import rechunk
 from raydist.pool.rules.datasets import no_cpu_ever_for_data
+from raydist.pool.worker.metrics import data_waited
 
 __all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset"]
 
@@ -49,9 +51,7 @@ class DatasetShard:
                 raise RuntimeError(never)
             self.checked = True
         batches = self.iterator.iter_batches(batch_size=batch_size, drop_last=False if batch_size else drop_last, **options)
-        if batch_size is None:
-            return iter(batches)
-        return rechunk(batches, batch_size, drop_last)
+        return _timed(batches if batch_size is None else rechunk(batches, batch_size, drop_last), self.name)
 
     def iter_torch_batches(
         self,
@@ -76,6 +76,20 @@ class DatasetShard:
                 yield {key: _tensor(value, dtypes.get(key) if isinstance(dtypes, dict) else dtypes, target) for key, value in batch.items()}
             else:
                 yield _tensor(batch, dtypes, target)
+
+
+def _timed(batches: Iterable[Any], name: str) -> Iterator[Any]:
+    """``batches``, each wait for the next one recorded (the run's summary and timeline)."""
+    iterator = iter(batches)
+    while True:
+        started = time.time()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            data_waited(started, time.time(), name)
+        yield batch
 
 
 def _rank_device() -> Any:

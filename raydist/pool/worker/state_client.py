@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -42,6 +43,8 @@ from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, ho
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 from raydist.pool.rules.commits import store_room_warning
+from raydist.pool.timeline import SPANS
+from raydist.pool.worker.metrics import FIGURES_HERE, state_waited
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
 from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, unpack
 
@@ -58,7 +61,7 @@ def install(env: Mapping[str, str]) -> None:
         return
     settings = json.loads(text)
     store = _stores.setdefault(settings["name"], RayStateStore(settings))
-    state.set_store(store)
+    state.set_store(store, observe=state_waited)
     store.load_ahead(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")))
 
 
@@ -164,7 +167,7 @@ class RayStateStore(StateStore):
         latest.checked.set()
 
     def _send(self, sending: "_Sending") -> None:
-        rank, step = sending.rank, sending.step
+        rank, step, started = sending.rank, sending.step, time.time()
         try:
             parts = dict(sending.staged)
             try:  # the optimizer's tensors first: its next step waits for them
@@ -190,6 +193,11 @@ class RayStateStore(StateStore):
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
             self._sent.set()
             committed = ray.get(waiting)
+            now = time.time()
+            SPANS.add(f"step {step} copied", "state", started, now, step=step, committed=committed)
+            if committed:
+                SPANS.add(f"step {step} committed", "state", now, now, step=step)  # a moment
+                FIGURES_HERE.record("raydist_committed_step", step, {"rank": str(rank)})
             with self._lock:  # the committed step is the oldest worth keeping; one never committed is not kept
                 for other in [s for s in self._own if s < step] if committed else []:
                     del self._own[other]

@@ -74,15 +74,19 @@ def test_off_it_writes_nothing_and_a_rank_sends_nothing(tmp_path: Path) -> None:
     timeline.phase("closed")
     assert list(tmp_path.iterdir()) == []
     spans = SpanBuffer(limit=2)
-    spans.add("start", "start", 0.0, 1.0)  # kept before the run says whether the timeline is on
-    assert spans.take() == ()  # off: dropped
+    spans.add("start", "start", 0.0, 1.0)  # start-up steps are kept (the run's summary shows them)
+    spans.add("call", "call", 1.0, 2.0)  # off: a call's span is not
+    spans.waited("waiting for data", "data", 2.0, 2.5)  # a wait is summed, not kept as a span
+    spans.waited("waiting for data", "data", 3.0, 3.25)
+    assert spans.take() == ((("start", "start", 0.0, 1.0, {}),), (("data", 0.75),))
+    assert spans.take() == ((), ())  # a warm call with nothing to say sends nothing
     spans.switch(True)
     for _ in range(3):
         spans.add("init", "init", 1.0, 2.0)
-    assert spans.take() == (("init", "init", 1.0, 2.0, {}),) * 2 and spans.take() == ()  # at most ``limit`` kept
+    assert spans.take() == ((("init", "init", 1.0, 2.0, {}),) * 2, ()) and spans.take() == ((), ())  # at most ``limit`` kept
 
 
-def test_a_crash_with_a_spare_is_on_the_timeline(tmp_path: Path) -> None:
+def test_a_crash_with_a_spare_is_on_the_timeline_in_the_summary_and_the_figures(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     cluster = FakeCluster(NODES, [Fault("execute", "die", who=2)])
     config = RunConfig(num_workers=4, max_restarts=1, spare_workers=1, flight_recorder=False, timeline=str(path))
@@ -105,3 +109,14 @@ def test_a_crash_with_a_spare_is_on_the_timeline(tmp_path: Path) -> None:
     assert phases == ["starting", "running", "restarting", "running", "shutting_down"]
     assert [e["cat"] for e in moments if e["cat"] in ("placement", "start")][:2] == ["placement", "start"]
     assert cluster.leftovers() == []
+    # The run's summary: the two attempts, how each ended, and the new world's ranks.
+    summary = values.summary
+    assert [(a.number, a.size, a.ended) for a in summary.attempts] == [(0, 4, summary.attempts[0].ended), (1, 4, "succeeded")]
+    assert summary.attempts[0].ended.startswith("process died") and summary.attempts[1].after_fault is not None
+    # Its figures, for Ray's metrics: one warm restart, and how long it took.
+    assert [(name, tags) for name, _, tags in cluster.recorded] == [
+        ("raydist_recovery_seconds", {}),
+        ("raydist_restarts", {"kind": "warm"}),
+    ]
+    table = str(summary)
+    assert "attempt 1, by rank" in table and table.count("\n  3 ") == 1 and "slowest rank: none" in table
