@@ -68,6 +68,7 @@ def rank_one_stuck_in_python() -> None:
     dist.barrier()
 
 
+@pytest.mark.soak  # make test: test_hangs::test_timeout_names_the_rank_that_skipped_a_collective_... checks the stacks of a timeout too
 @pytest.mark.usefixtures("ray_local")
 def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
     start = time.monotonic()

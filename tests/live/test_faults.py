@@ -75,7 +75,7 @@ def sleep_on_rank_zero() -> int:
     return dist.get_rank()
 
 
-@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_the_groups_own_timeout_tears_down...; real stacks: test_diagnostics::test_timeout_names_where_each_rank_was_and_marks_the_odd_one
+@pytest.mark.soak  # the engine's logic, on the fake cluster in the unit tier: test_engine_calls::test_the_groups_own_timeout_tears_down...; real stacks: test_hangs::test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numbers
 @pytest.mark.usefixtures("ray_local")
 def test_timeout_names_unfinished_ranks_and_tears_down() -> None:
     start = time.monotonic()
@@ -341,6 +341,7 @@ def barrier_on_rank_zero_only() -> None:
         dist.barrier()  # rank 1 never joins
 
 
+@pytest.mark.soak  # make test: test_hangs::test_a_process_group_timeout_reports_where_each_rank_was checks the same bound
 @pytest.mark.usefixtures("ray_local")
 def test_pg_timeout_bounds_a_collective_a_peer_never_joins() -> None:
     start = time.monotonic()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,21 +26,35 @@ SKIPPED_OF_3 = "ranks 0-1: waiting in all_reduce #6 (float32 [1]); rank 2: last 
 
 
 def last_rank_skips_the_sixth(instead: str = "") -> None:
-    """Six all_reduces; the last rank skips the sixth (or calls ``instead``)."""
+    """Six all_reduces; the last rank skips the sixth and waits for a file that never comes (or calls ``instead``)."""
     t = torch.ones(1)
     for step in range(1, 7):
         if dist.get_rank() == dist.get_world_size() - 1 and step == 6:
             if instead == "broadcast":
                 dist.broadcast(t, 0)
+            else:
+                waiting_for_a_file_that_never_comes()
             return
         dist.all_reduce(t)
 
 
+def waiting_for_a_file_that_never_comes() -> None:
+    threading.Event().wait()
+
+
 def test_timeout_names_the_rank_that_skipped_a_collective_and_both_sequence_numbers() -> None:
+    start = time.monotonic()
     with pytest.raises(raydist.WorkerGroupTimeout) as caught:
         raydist.run(last_rank_skips_the_sixth, num_workers=3, timeout=4, resources_per_worker=HALF_CPU)
+    assert time.monotonic() - start < 4 + 20
     assert caught.value.collectives == SKIPPED_OF_3
     assert SKIPPED_OF_3 in str(caught.value) and "in all_reduce at distributed_c10d.py" in str(caught.value)
+    # Where each rank's Python was: the odd one out marked, at the user's own function.
+    stacks = caught.value.stacks
+    assert "ranks 0-1: in all_reduce" in stacks, stacks
+    rank_two = stacks.split("rank 2:")[1]
+    assert rank_two.startswith(" in wait at threading.py") and "from waiting_for_a_file_that_never_comes at test_hangs.py" in rank_two
+    assert "<-- differs" in rank_two and "<-- differs" not in stacks.split("rank 2:")[0], stacks
     assert_nothing_left()
 
 
@@ -51,8 +66,12 @@ def test_a_different_op_at_the_same_sequence_number_is_named_as_a_mismatch() -> 
 
 
 def test_a_process_group_timeout_reports_where_each_rank_was() -> None:
+    """``pg_timeout`` bounds a collective a peer never joins (gloo uses it, not torch's 30 minutes)."""
+    start = time.monotonic()
     with pytest.raises(raydist.WorkerGroupError) as caught:
         raydist.run(last_rank_skips_the_sixth, num_workers=2, pg_timeout=3, resources_per_worker=HALF_CPU)
+    assert time.monotonic() - start < 3 + 30
+    assert caught.value.failed_ranks == [0] and "Timed out waiting 3000ms" in str(caught.value)
     expected = "failed in all_reduce #6 (float32 [1]); rank 1: last completed all_reduce #5, not in a collective"
     assert caught.value.collectives.endswith(expected), str(caught.value)
     assert expected in str(caught.value)

@@ -131,7 +131,7 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
 
 
 # soak: the CLI entry point of save_state (make test: test_a_crashed_rank_resumes_bit_identical through the API,
-# test_torchrun_with_a_state_dir_saves_and_resumes as a script, test_warm_restarts' script restarting in place)
+# whose ranks run the same state store; a script restarting in place: test_warm_restarts)
 @pytest.mark.soak
 @pytest.mark.parametrize("mode", ["warm", "fresh"])
 def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, Any]], mode: str, tmp_path: Path) -> None:
@@ -171,6 +171,9 @@ def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, An
         assert "3 rank(s) kept their process" in result.stderr, result.stderr[-3000:]
 
 
+# soak: a second entry point (save_state under plain torchrun, RAYDIST_STATE_DIR): the directory store's resume and
+# skip are tests/unit/rules/test_state_rules.py; make test: raydist's state_dir in test_a_second_run_resumes_...
+@pytest.mark.soak
 def test_torchrun_with_a_state_dir_saves_and_resumes(reference: List[Dict[str, Any]], tmp_path: Path) -> None:
     """The same script under plain torchrun: RAYDIST_STATE_DIR is its store."""
     out = tmp_path / "rank0.pt"

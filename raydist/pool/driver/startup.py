@@ -354,7 +354,9 @@ def watchers(
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
     drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster).start()
     watch = (
-        StragglerWatch(workers, world.agents, holdings.cluster, timeline=world.timeline, attempt=world.attempt).start()
+        StragglerWatch(
+            workers, world.agents, holdings.cluster, timeline=world.timeline, attempt=world.attempt, since=holdings.cluster.time()
+        ).start()
         if config.flight_recorder
         else None
     )

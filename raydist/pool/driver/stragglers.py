@@ -45,8 +45,11 @@ class StragglerWatch:
         interval: float = POLL_INTERVAL_S,
         timeline: Optional[Timeline] = None,
         attempt: int = 0,
+        since: Optional[float] = None,
     ):
         self._workers = list(workers)
+        # A kept process's recorder still holds its last world's collectives: only this world's count.
+        self._since_ns = None if since is None else int(since * 1e9)
         self._timeline = timeline if timeline is not None and timeline.on else None
         self._attempt = attempt
         self.waits: Dict[int, float] = {w.rank: 0.0 for w in self._workers}  # seconds waiting for the last rank to arrive
@@ -103,6 +106,8 @@ class StragglerWatch:
         for rank, entries in found.items():
             kept = self._history[rank]
             for entry in entries or ():  # type: ignore[attr-defined]
+                if self._since_ns is not None and entry.created_ns - (self._offsets or {}).get(rank, 0) < self._since_ns:
+                    continue
                 key = (entry.group, entry.seq)
                 if key not in kept:
                     self._saw(rank, entry)

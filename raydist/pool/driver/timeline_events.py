@@ -18,6 +18,11 @@ from raydist.pool.rules.explain import NODE_LOST_TEXT
 
 def call_ended(world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
     """Call ``number`` on ``world`` ended as ``waited`` says (``failures``: its failed ranks, deaths explained)."""
+    with world.timeline.batch():  # every rank's events in one write
+        _call_ended(world, number, sent_at, waited, failures)
+
+
+def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
     timeline = world.timeline
     now, failed = timeline.now(), {failure.rank: failure for failure in failures}
     ran: Dict[int, float] = {}

@@ -21,7 +21,7 @@ from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
 from raydist.pool.timeline import ENV_VAR as TIMELINE_ENV
-from raydist.pool.timeline import SPANS, process_started
+from raydist.pool.timeline import OWN_CALL_SPAN_S, SPANS, process_started
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
@@ -105,15 +105,17 @@ def _raised_in_collective(error: BaseException) -> bool:
 def _sent_compact(execute: Callable[[Any, Optional[bytes]], Outcome]) -> Callable[[Any, Optional[bytes]], Any]:
     """A plain success goes back as its bare value (``Outcome.to_send``): the
     driver reads either form. What this rank recorded since its last result
-    (``SPANS``: its start-up, its waits; with the run's timeline on, the
-    call's span too) goes with it."""
+    (``SPANS``: its start-up, its waits, the call's own span unless the call
+    was shorter than ``OWN_CALL_SPAN_S``, which the driver then draws from
+    its own view) goes with it."""
 
     @functools.wraps(execute)
     def run(self: Any, call: Optional[bytes] = None) -> Any:
-        started = time.time() if SPANS.on else 0.0
+        started = time.time()
         outcome = execute(self, call)
-        if SPANS.on:
-            SPANS.add("call", "call", started, time.time())
+        ended = time.time()
+        if ended - started >= OWN_CALL_SPAN_S:
+            SPANS.add("call", "call", started, ended)
         spans, waits = SPANS.take()
         if spans or waits:
             outcome = dataclasses.replace(outcome, spans=spans, waits=waits)

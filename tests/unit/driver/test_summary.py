@@ -70,8 +70,9 @@ def test_the_table_names_the_slowest_rank_and_each_attempts_end() -> None:
     summary.world_ready(1, workers, now=111.0)
     summary.call_ended(1, {r: 20.0 for r in range(3)}, {}, {0: (("data", 2.0), ("state", 0.5))}, [])
     recorders = Recorders()
-    recorders.steps = 20
-    watch = StragglerWatch(workers, recorders, FakeCluster({"n": {"CPU": 3}}))  # type: ignore[arg-type]
+    recorders.steps = 24
+    # The processes were kept: their recorders still hold 4 collectives of the world before.
+    watch = StragglerWatch(workers, recorders, FakeCluster({"n": {"CPU": 3}}), since=1e9 + 4 * STEP_NS / 1e9)  # type: ignore[arg-type]
     watch.poll()
     summary.collectives(1, watch.waits, 111.5, watch.stragglers)
     summary.ended("succeeded")

@@ -57,6 +57,19 @@ def test_the_file_is_json_when_closed_and_loadable_when_cut_off(tmp_path: Path) 
     assert events(path) == closed
 
 
+def test_a_calls_events_are_written_together_at_the_end_of_its_batch(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), clock=lambda: 1.0)
+    before = path.read_text()
+    with timeline.batch():
+        timeline.span("call", "call", 0.0, 1.0, rank=0, node="node-a")
+        with timeline.batch():  # another thread's call ending meanwhile
+            timeline.span("call", "call", 0.0, 1.0, rank=1, node="node-a")
+        assert path.read_text() == before  # nothing yet: one write when the last batch ends
+    found = json.loads(path.read_text().rstrip().rstrip(",") + "]")
+    assert [e["args"]["rank"] for e in found if e["ph"] == "X"] == [0, 1]
+
+
 def test_a_full_timeline_says_so_and_stays_valid(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     timeline = Timeline(str(path), clock=lambda: 1.0, max_bytes=2_000)
@@ -74,11 +87,11 @@ def test_off_it_writes_nothing_and_a_rank_sends_nothing(tmp_path: Path) -> None:
     timeline.phase("closed")
     assert list(tmp_path.iterdir()) == []
     spans = SpanBuffer(limit=2)
-    spans.add("start", "start", 0.0, 1.0)  # start-up steps are kept (the run's summary shows them)
-    spans.add("call", "call", 1.0, 2.0)  # off: a call's span is not
+    spans.add("start", "start", 0.0, 1.0)  # start-up steps are kept with the timeline off (the run's summary shows them)
+    spans.add("call", "call", 1.0, 2.0)  # and a call's (the worker sends only those of 10 ms or more)
     spans.waited("waiting for data", "data", 2.0, 2.5)  # a wait is summed, not kept as a span
     spans.waited("waiting for data", "data", 3.0, 3.25)
-    assert spans.take() == ((("start", "start", 0.0, 1.0, {}),), (("data", 0.75),))
+    assert spans.take() == ((("start", "start", 0.0, 1.0, {}), ("call", "call", 1.0, 2.0, {})), (("data", 0.75),))
     assert spans.take() == ((), ())  # a warm call with nothing to say sends nothing
     spans.switch(True)
     for _ in range(3):
