@@ -52,9 +52,10 @@ demo: install
 # Lint and format (ruff), the unit tier (pure rules, no Ray, under a minute),
 # the type check and the docs build (warnings are errors: a broken link, a
 # missing page) run before the horovod build and the live tier, so a broken
-# rule fails fast. The live tier runs in two processes, a test file whole in
-# one, each process with its own Rays: a quarter of one process's time is
-# spent waiting (a death, a timeout, a Ray starting), which the other fills.
+# rule fails fast. The live tier runs in two processes, each with its own Rays
+# (a file whole in one; tests/conftest.py orders the files, heaviest first):
+# a quarter of one process's time is spent waiting (a death, a timeout,
+# a Ray starting), which the other fills.
 test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -62,7 +63,7 @@ test: install-test
 	$(PY) -m mypy
 	@site=$$(mktemp -d) && $(MKDOCS) --quiet --site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 	$(MAKE) horovod
-	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --durations=15 tests/live
+	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
 
 # The repetition variants at the counts the acceptance lists ask for (20
 # layout runs, 30 failing runs, 200 horovod re-inits, ...): leaks and rare

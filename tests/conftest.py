@@ -149,11 +149,13 @@ def _ray_need(item: pytest.Item) -> Tuple[int, str]:
     return (1, "") if "ray_local" in names else (0, "")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (``--dist loadgroup``)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
     """Tests that need the same Ray run together: those that need none of this
     process's Rays first, then the local Ray's, then each cluster shape in
     turn. A test that needs no Ray stays with the first Ray its module needs,
-    so the module's own fixtures are set up once."""
+    so the module's own fixtures are set up once. In several processes
+    (pytest-xdist), see ``_share_out``."""
     needs = {item: _ray_need(item) for item in items}
     first_of_module: Dict[str, Tuple[int, str]] = {}
     for item, need in needs.items():
@@ -162,6 +164,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             first_of_module[module] = min(first_of_module.get(module, need), need)
     order = {item: needs[item] if needs[item][0] else first_of_module.get(item.nodeid.split("::")[0], (0, "")) for item in items}
     items.sort(key=order.__getitem__)  # stable: a module keeps its order within each group
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _share_out(items, needs)
+
+
+def _share_out(items: List[pytest.Item], needs: Dict[pytest.Item, Tuple[int, str]]) -> None:
+    """The order for several processes (``-n 2 --dist loadfile --no-loadscope-reorder``:
+    each file whole in one process, handed out in this order as processes come free):
+    the files that start the most Ray workers and clusters first, so that none of
+    them is left for the end while the other process waits."""
+    weight: Dict[str, int] = {}
+    for item, need in needs.items():  # a test that needs a Ray; a cluster's start weighs as much again
+        module = item.nodeid.split("::")[0]
+        weight[module] = weight.get(module, 0) + int(need[0] > 0) + int(need[0] == 2)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: each file keeps its order
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -311,6 +327,20 @@ def _machine_leftovers(ports_before: Optional[Set[int]], files: bool) -> List[st
     if ports_before is not None:
         found += [f"listening port {port}" for port in sorted(listening_ports() - ports_before)]
     return found
+
+
+def exported_figures() -> Dict[str, str]:
+    """raydist's figures among what this (one-node) Ray exports for Prometheus: name -> its lines."""
+    import urllib.request
+
+    import ray
+
+    from raydist.pool.worker.metrics import FIGURES
+
+    port = ray.nodes()[0]["MetricsExportPort"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("ray_raydist_")]
+    return {name: "\n".join(line for line in lines if line.startswith(f"ray_{name}")) for name in FIGURES}
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:

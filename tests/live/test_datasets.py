@@ -25,7 +25,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import REPO, assert_nothing_left, ray_address, repeats, use_local_ray, wait_for
+from conftest import REPO, assert_nothing_left, exported_figures, ray_address, repeats, use_local_ray, wait_for
 
 import raydist
 
@@ -267,6 +267,7 @@ def test_torch_batches_are_tensors_of_equal_count(group: raydist.WorkerGroup) ->
     results = group.run(tensors, args=(16,), datasets={"train": ray.data.range(75, override_num_blocks=3)})
     assert results[0][0] == results[1][0] == 3 and results[0][1] == "torch.float64"
     assert len(set(results[0][2]) | set(results[1][2])) == 74  # one row dropped to make the split row-equal
-    # Each rank's waits for its batches are in the group's summary.
+    # Each rank's waits for its batches are in the group's summary, and in Ray's metrics (sent every few seconds).
     ranks = group.summary().attempts[-1].ranks
     assert all(ranks[rank].waits["data"] > 0 for rank in (0, 1)), group.summary()
+    wait_for(lambda: 'rank="1"' in exported_figures()["raydist_data_wait_seconds"], 90, "the data waits exported by Ray")

@@ -77,6 +77,7 @@ def crash_then_steps(crash_rank: int, count: int, slow_rank: int, delay: float) 
     return os.getpid()
 
 
+@pytest.mark.soak  # each world's own watch: the engine (the watch is built with each world); a spare's process: test_state's crash
 def test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worlds() -> None:
     with raydist.WorkerGroup(2, max_restarts=1, spare_workers=1, resources_per_worker={"CPU": 0.5}) as group:
         old_pids = [w.pid for w in group.workers]

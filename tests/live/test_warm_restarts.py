@@ -68,7 +68,7 @@ class Stoppable:
         self.stopped.set()
 
 
-@pytest.mark.soak  # a spare takes a crashed rank's place in make test: test_stragglers::test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worlds
+@pytest.mark.soak  # a spare takes a crashed rank's place in make test: test_state::test_a_crashed_rank_resumes_bit_identical[warm-spare]
 @pytest.mark.usefixtures("ray_local")
 def test_a_crash_with_a_spare_is_replaced_by_the_spares_process(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
