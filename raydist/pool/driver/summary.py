@@ -106,10 +106,8 @@ class RunSummary:
             for rank, waited in waits.items():
                 if rank in times.ranks:
                     times.ranks[rank].waits["collective"] = waited
-            before = self.attempts[self.attempts.index(times) - 1] if self.attempts.index(times) else None
-            fault = None if before is None or times.after_fault is None else times.ready_at - times.after_fault
-            if fault is not None and first_at is not None:
-                times.first_step_after_fault = first_at - fault
+            if times.after_fault is not None and first_at is not None:  # (the first attempt follows no fault)
+                times.first_step_after_fault = first_at - (times.ready_at - times.after_fault)
             if stragglers:
                 self.slowest = max(stragglers, key=lambda straggler: straggler.late_s)
 
