@@ -173,7 +173,10 @@ class RayHead:
             held = listeners()  # before the head's processes are listed: a listener seen is listed too
             own: Set[Optional[int]] = set(self.own_processes())
             for port, name in wanted.items():
-                foreign = held.get(port, set()) - own
+                # None is a listener whose process psutil has not found yet: a process that bound its socket
+                # between psutil's two reads of /proc (the head's own new component, as often as not). If
+                # another program holds the port, the head's component fails to bind and ray start exits.
+                foreign = held.get(port, set()) - own - {None}
                 if foreign:
                     return f"its {name} port {port} was taken by another process ({sorted(map(str, foreign))})"
             if all(held.get(port, set()) & own for port in wanted) and self.ray("job", "list", "--address", self.url).returncode == 0:
