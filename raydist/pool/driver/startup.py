@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
+from raydist.core.backend import TORCH_BACKEND
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
 from raydist.pool.cluster.seam import Cluster, Pending, Reservation, Worker
 from raydist.pool.driver.agents import NodeAgents, explain_deaths
@@ -32,7 +33,7 @@ from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.driver.world import Watchers, World
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
-from raydist.pool.rules.layout import assign_ranks, node_layout_broken, worker_env
+from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, worker_env
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
@@ -113,6 +114,15 @@ def _wait_dead(cluster: Cluster, actors: List[Worker]) -> None:
     if actors:
         pings = [cluster.call(actor, "ping") for actor in actors]
         cluster.wait(pings, num_returns=len(pings), timeout=TEARDOWN_TIMEOUT_S)
+
+
+def _shared_device_backend(hooks: GroupHooks, holdings: Holdings, workers: Sequence[WorkerInfo]) -> Optional[Dict[str, Any]]:
+    """The backend's init arguments, with torch.distributed's backend fit for
+    ranks that share a device (gloo for the device's default; nccl refused)."""
+    init_kwargs = hooks.init_kwargs()
+    if init_kwargs is None or getattr(hooks.entry, "name", None) != TORCH_BACKEND:
+        return init_kwargs
+    return {**init_kwargs, "backend": backend_for_devices(init_kwargs.get("backend"), holdings.accelerator, workers)}
 
 
 class GroupBuilder:
@@ -272,8 +282,8 @@ class GroupBuilder:
         side starts here), the output markers and the pdb relay (``shared``),
         then the user's ``env``."""
         config = self.config
+        init_kwargs = _shared_device_backend(self._hooks, holdings, workers)  # before anything starts: it may refuse
         extra = self._hooks.start(workers)
-        init_kwargs = self._hooks.init_kwargs()
         return [
             WorkerSpec(
                 worker=worker,

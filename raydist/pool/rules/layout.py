@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from raydist.config.process import torch_backend_parts
 from raydist.core.accelerators import Accelerator
 from raydist.core.environment import DEVICE_INDEX_VAR, USER_DEFAULT_VARS, torchrun_env
 from raydist.core.preemption import PREEMPTION_FILE_VAR
@@ -110,6 +111,44 @@ def node_layout_broken(workers: Sequence[WorkerInfo], per_node: int) -> Optional
                 f"{worker.node_rank} ({worker.node_id[:12]}); expected local rank {expected[1]} of {per_node} on node {expected[0]}"
             )
     return None
+
+
+# Backends whose communicator takes one rank per device: NCCL refuses a
+# second rank of a group on a device another rank holds ("Duplicate GPU").
+ONE_RANK_PER_DEVICE = frozenset({"nccl"})
+SHARED_DEVICE_BACKEND = "gloo"  # shares a device: it moves tensors through the host
+
+
+def shared_devices(workers: Sequence[WorkerInfo]) -> Dict[Tuple[str, str], List[int]]:
+    """Each device (node id, device id) that two or more ranks hold (fractional
+    amounts such as ``{"GPU": 0.5}``), with those ranks."""
+    holders: Dict[Tuple[str, str], List[int]] = {}
+    for worker in workers:
+        for device in worker.device_ids:
+            holders.setdefault((worker.node_id, device), []).append(worker.rank)
+    return {device: ranks for device, ranks in holders.items() if len(ranks) > 1}
+
+
+def backend_for_devices(asked: Optional[str], accelerator: Accelerator, workers: Sequence[WorkerInfo]) -> Optional[str]:
+    """The torch.distributed backend the ranks initialise with: ``asked``
+    (None: the device's default, chosen in each worker) unless ranks share a
+    device and the backend takes one rank per device. Then the device's default
+    becomes gloo, and a backend asked for by name is refused (ValueError)
+    before any process group starts: NCCL would refuse it there."""
+    shared = shared_devices(workers)
+    if not shared:
+        return asked
+    if asked is None and accelerator.default_backend in ONE_RANK_PER_DEVICE:
+        return SHARED_DEVICE_BACKEND
+    if asked is None or not ONE_RANK_PER_DEVICE.intersection(torch_backend_parts(asked.lower())):
+        return asked
+    (node, device), ranks = next(iter(sorted(shared.items())))
+    raise ValueError(
+        f"backend {asked!r} takes one rank per device, but ranks {', '.join(map(str, ranks))} share "
+        f"{accelerator.ray_resource or accelerator.name} {device} on node {node[:12]} ({len(shared)} shared device(s) in all): "
+        f"use backend={SHARED_DEVICE_BACKEND!r} (or leave backend unset: it is chosen for shared devices), "
+        "or give each worker a whole device"
+    )
 
 
 def standby_env(

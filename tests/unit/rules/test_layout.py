@@ -9,9 +9,9 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import pytest
 
 from raydist.config import RunConfig
-from raydist.core.accelerators import CPU
+from raydist.core.accelerators import BY_NAME, CPU
 from raydist.pool.records import Placement, WorkerInfo
-from raydist.pool.rules.layout import assign_ranks, worker_env
+from raydist.pool.rules.layout import assign_ranks, backend_for_devices, shared_devices, worker_env
 
 DRIVER = "node-a"
 
@@ -146,3 +146,28 @@ def test_a_ranks_environment_costs_the_same_however_large_the_drivers_environmen
         monkeypatch.setenv(f"SOME_DRIVER_VARIABLE_{i}", "x")
     assert count_calls(env) == before
     assert env()["OMP_NUM_THREADS"] == "3" and env()["MY_FLAG"] == "1" and "SOME_DRIVER_VARIABLE_0" not in env()
+
+
+# -- ranks that share a device (fractional amounts) ------------------------------
+
+
+def test_only_devices_held_by_two_ranks_count_as_shared() -> None:
+    workers = assign_ranks(placed(("node-a", ["0"]), ("node-a", ["0"]), ("node-a", ["1"]), ("node-b", ["0"])), DRIVER)
+    assert shared_devices(workers) == {("node-a", "0"): [0, 1]}  # node-b's GPU 0 is another device
+
+
+def test_nccl_by_default_becomes_gloo_where_ranks_share_a_gpu() -> None:
+    shared = assign_ranks(placed(("node-a", ["0"]), ("node-a", ["0"])), DRIVER)
+    whole = assign_ranks(placed(("node-a", ["0"]), ("node-a", ["1"])), DRIVER)
+    assert backend_for_devices(None, BY_NAME["gpu"], shared) == "gloo"
+    assert backend_for_devices(None, BY_NAME["gpu"], whole) is None  # each worker picks nccl itself
+    assert backend_for_devices("gloo", BY_NAME["gpu"], shared) == "gloo"
+    assert backend_for_devices(None, BY_NAME["npu"], shared) is None  # hccl: not known to refuse it
+
+
+@pytest.mark.parametrize("asked", ["nccl", "NCCL", "cpu:gloo,cuda:nccl"])
+def test_nccl_asked_for_on_a_shared_gpu_is_refused_before_anything_starts(asked: str) -> None:
+    workers = assign_ranks(placed(("node-a", ["0"]), ("node-a", ["1"]), ("node-a", ["1"])), DRIVER)
+    with pytest.raises(ValueError, match=r"takes one rank per device, but ranks 1, 2 share GPU 1 on node node-a.*backend='gloo'"):
+        backend_for_devices(asked, BY_NAME["gpu"], workers)
+    assert backend_for_devices(asked, BY_NAME["gpu"], workers[:2]) == asked  # whole devices: nccl as asked
