@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 # The docs build: every warning (a broken link or anchor, a page missing) is an error.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-.PHONY: venv install install-test install-docs horovod demo test soak bench docs clean
+.PHONY: venv install install-test install-docs horovod demo test test-gpu soak bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,13 @@ test: install-test
 # once, again through their other entry points, shapes and examples.
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak tests/live
+
+# The GPU tier (tests/gpu), on a machine with a CUDA GPU; elsewhere every test
+# is skipped, saying why. Not part of `make test`. It installs nothing and needs
+# only pytest beside raydist's dependencies: on a machine without the venv,
+# `make test-gpu PY=python3` (scripts/gpu-check.sh does, with the benchmark).
+test-gpu:
+	$(PY) -m pytest -q -rs --durations=10 tests/gpu
 
 # The documentation site, into site/ (open site/index.html).
 docs: install-docs

@@ -232,23 +232,23 @@ def main() -> None:
         for size in sizes:
             results.append(run_worker(options, size, folder))
             print(f"{size:g} GB: {json.dumps(results[-1])}", flush=True)
+            write_json(options, machine, results)  # after each size: a run cut short keeps what it measured
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         ray.shutdown()
     where = results[0].get("gpu", "CPU") if results else options.device
-    print_table(
-        f"## save_state of a model + Adam on {where}, one worker (blocking time: median of {options.repeats})", COLUMNS, map(row, results)
-    )
+    title = f"## save_state of a model + Adam on {where}, one worker (blocking time: median of {options.repeats})"
+    print_table(title, COLUMNS, map(row, results))
     print(f"At the end: {load_line()}")
-    if options.json:
-        summary = {
-            "machine": machine,
-            "device": options.device,
-            "results": results,
-            "goal": {"vs torch.save": SAVE_GOAL, "vs async_save": 1.0},
-        }
-        with open(options.json, "w") as file:
-            json.dump(summary, file, indent=1)
+
+
+def write_json(options: argparse.Namespace, machine: str, results: List[Dict[str, Any]]) -> None:
+    if not options.json:
+        return
+    goal = {"save_state / torch.save": SAVE_GOAL, "save_state / async_save": 1.0}
+    summary = {"machine": machine, "device": options.device, "sizes_gb": options.sizes_gb, "results": results, "goal": goal}
+    with open(options.json, "w") as file:
+        json.dump(summary, file, indent=1)
 
 
 if __name__ == "__main__":
