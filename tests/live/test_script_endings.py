@@ -121,3 +121,47 @@ def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
     assert at_exit.stdout == "last ran\nfirst ran\n"
     assert recorded.stdout == "last ran\nfirst ran\nafter the script\n"  # and not again at the real exit
     assert _normalised(recorded.stderr) == _normalised(at_exit.stderr), recorded.stderr + at_exit.stderr
+
+
+# One kept worker runs the script again and again, as a warm restart or a
+# second `raydist run` on the same workers does; faulthandler ends a hang.
+KEPT_WORKER = """
+import faulthandler, os, sys, tempfile
+import ray.cloudpickle
+from raydist.config.options import RunConfig
+from raydist.pool.records import WorkerInfo, WorkerSpec
+from raydist.pool.worker.actor import RayWorker
+from raydist.pool.worker.script import run_script
+
+faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+worker = RayWorker(None)
+info = WorkerInfo(
+    rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1, node_id="node",
+    node_ip="127.0.0.1", pid=os.getpid(), device_ids=(), visible_device_ids=(), device_index=None, actor_index=0,
+)
+env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+worker.setup(WorkerSpec(worker=info, env=env, config=RunConfig(), device_type="cpu", init_kwargs=None))
+call = ray.cloudpickle.dumps((run_script, (sys.argv[1], []), {}))
+for run in range(int(sys.argv[2])):
+    os.environ["STORE_URL"] = f"file://{tempfile.mkdtemp()}/store?rank=0&world_size=1"
+    sent = worker.execute(call)  # a script's None, bare or (with the start-up's spans) as an Outcome
+    assert sent is None or (sent.ok and sent.exception_type is None), (run, sent)
+    print(f"run {run} ended", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.soak  # a race: a repetition test (the hold itself: tests/unit/worker/test_connections.py)
+def test_a_ddp_script_that_destroys_its_group_ends_every_time_in_a_kept_worker() -> None:
+    # Its namespace, freed after the script, held DDP's reducer and through it the
+    # last reference to the destroyed group: freeing that joins gloo's threads with
+    # the GIL held, while one of them needs it (a hang at the end of 1 script in
+    # 30-130 here before the worker held the group itself). 400 runs, ~30 s.
+    runs = 400
+    result = subprocess.run(
+        [sys.executable, "-c", KEPT_WORKER, str(SCRIPTS / "ddp_destroys_its_group.py"), str(runs), "90"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"run {runs - 1} ended" in result.stderr

@@ -25,6 +25,7 @@ from raydist.pool.timeline import OWN_CALL_SPAN_S, SPANS, process_started
 from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
+from raydist.pool.worker.group_refs import GroupRefs
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 
@@ -155,6 +156,7 @@ class RayWorker:
         self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
         self._group_connections: FrozenSet[Connection] = frozenset()  # opened by the process groups
+        self._created_groups = GroupRefs()  # the code's own groups, freed last (see group_refs)
         self._reserved: Optional[socket.socket] = None  # the free port this worker offered for MASTER_PORT
         self._store: Any = None  # rank 0: the rendezvous store on MASTER_PORT, held for the world's life
         self._last_call = b""  # the last small call: execute() without one runs it again
@@ -214,7 +216,7 @@ class RayWorker:
         if spec.backend_entry is not None:  # a backend registered on the driver only (a plugin)
             register_backend(spec.backend_entry)
         if spec.init_kwargs is None:  # the code creates its process group: its connections are noted then
-            note_groups_created(self._note_connections)
+            note_groups_created(self._note_group)
             return None
         # A world of one gets its process group too: the run asked for one.
         before = tcp_connections()
@@ -244,8 +246,9 @@ class RayWorker:
         if reserved is not None:
             reserved.close()
 
-    def _note_connections(self, opened: FrozenSet[Connection]) -> None:
+    def _note_group(self, group: Any, opened: FrozenSet[Connection]) -> None:
         self._group_connections |= opened
+        self._created_groups.hold(group)
 
     @_sent_compact
     @marks_output  # lets the driver wait for the lines this call printed
@@ -259,15 +262,19 @@ class RayWorker:
                 value = fn(*args, **kwargs)
             state_client.flush()  # the last saved step reaches its holders before the call ends
             self._returned_type = f"{type(value).__module__}.{type(value).__qualname__}"
-            return Outcome(value=value)
+            outcome = Outcome(value=value)
         except SystemExit as stop:
             state_client.flush()
             code = _exit_code(stop.code)
-            return Outcome(exit_code=code, timestamp=time.time()) if code else Outcome()
+            if code:
+                return Outcome(exit_code=code, timestamp=time.time())
+            outcome = Outcome()
         except BaseException as error:  # noqa: BLE001 - every ending of the user's code is reported
             return self._failed(error, started)
         finally:
             datasets.end_call()  # this call's dataset shards go with it
+        self._created_groups.release()  # a failed call's wait for teardown, which shuts their connections first
+        return outcome
 
     def set_dataset_shards(self, iterators: Mapping[str, Any]) -> None:
         """The next call's Ray Data iterators (queued just before it)."""
@@ -335,4 +342,5 @@ class RayWorker:
         # this rank would wait for the process group's timeout. Close them now.
         shut_down(self._group_connections)
         self._group_connections = frozenset()
+        self._created_groups.release()
         self._release_port()  # the world's store goes with it

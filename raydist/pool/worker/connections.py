@@ -94,12 +94,13 @@ def shut_down(opened: FrozenSet[Connection]) -> int:
     return closed
 
 
-def note_groups_created(opened: Callable[[FrozenSet[Connection]], None]) -> None:
-    """From now on, hand ``opened`` the connections each process group the
-    user's code creates opens (``torch.distributed.init_process_group`` and
-    ``new_group``, however the code reaches them): a script's own group,
-    left half-referenced by its failed call, would otherwise hold a peer's
-    warm restart for ``survivor_timeout``."""
+def note_groups_created(created: Callable[[Any, FrozenSet[Connection]], None]) -> None:
+    """From now on, hand ``created`` each process group the user's code
+    creates (``torch.distributed.init_process_group`` and ``new_group``,
+    however the code reaches them) with the connections it opened: a
+    script's own group, left half-referenced by its failed call, would
+    otherwise hold a peer's warm restart for ``survivor_timeout``; and the
+    group itself is held so that it is freed last (``group_refs``)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
@@ -107,19 +108,28 @@ def note_groups_created(opened: Callable[[FrozenSet[Connection]], None]) -> None
         original = getattr(distributed_c10d, name)
         if getattr(original, "_raydist_noted", False):
             continue  # once per process: a kept worker is set up again at each warm restart
-        noted = _noting(original, opened)
+        noted = _noting(original, created, lambda: distributed_c10d.GroupMember.WORLD)
         for module in (dist, distributed_c10d):
             setattr(module, name, noted)
 
 
-def _noting(create: Callable[..., Any], opened: Callable[[FrozenSet[Connection]], None]) -> Callable[..., Any]:
+def _noting(
+    create: Callable[..., Any],
+    created: Callable[[Any, FrozenSet[Connection]], None],
+    default_group: Callable[[], Any] = lambda: None,
+) -> Callable[..., Any]:
+    """``create`` noted: the group it returns (``init_process_group``
+    returns none: then the default group it made) and its connections."""
+
     @functools.wraps(create)
     def noted(*args: Any, **kwargs: Any) -> Any:
         before = tcp_connections()
+        group = None
         try:
-            return create(*args, **kwargs)
+            group = create(*args, **kwargs)
+            return group
         finally:
-            opened(tcp_connections() - before)
+            created(group if group is not None else default_group(), tcp_connections() - before)
 
     noted._raydist_noted = True  # type: ignore[attr-defined]
     return noted

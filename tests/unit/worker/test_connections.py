@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import FrozenSet, List
+from pathlib import Path
+from typing import FrozenSet, List, Tuple
 
 import pytest
 import torch.distributed as dist
@@ -17,28 +18,36 @@ from raydist.pool.worker.connections import Connection, hold_store, reserve_port
 
 
 def test_a_group_the_code_creates_has_its_connections_noted_and_shut_down() -> None:
-    noted: List[FrozenSet[Connection]] = []
+    noted: List[Tuple[object, FrozenSet[Connection]]] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        create = connections._noting(lambda: socket.create_connection(("127.0.0.1", port)), noted.append)
+        create = connections._noting(lambda: socket.create_connection(("127.0.0.1", port)), lambda *made: noted.append(made))
         client = create()
         peer, _ = server.accept()
         with client, peer:
-            assert [remote[1] for _, _, remote in noted[0]] == [port]  # the one connection it opened
-            assert connections.shut_down(noted[0]) == 1
+            group, opened = noted[0]
+            assert group is client  # what it created, held by the worker (group_refs)
+            assert [remote[1] for _, _, remote in opened] == [port]  # the one connection it opened
+            assert connections.shut_down(opened) == 1
             assert peer.recv(1) == b""  # the peer reads end-of-file at once
 
 
-def test_init_process_group_and_new_group_are_noted_once_however_they_are_reached() -> None:
+def test_init_process_group_and_new_group_are_noted_once_however_they_are_reached(tmp_path: Path) -> None:
     originals = {name: getattr(distributed_c10d, name) for name in ("init_process_group", "new_group")}
+    made: List[object] = []
     try:
-        connections.note_groups_created(lambda opened: None)
+        connections.note_groups_created(lambda group, opened: made.append(group))
         first = dist.init_process_group
-        connections.note_groups_created(lambda opened: None)  # a kept worker set up again
+        connections.note_groups_created(lambda group, opened: None)  # a kept worker set up again
         assert dist.init_process_group is first is distributed_c10d.init_process_group
         assert dist.new_group is distributed_c10d.new_group is not originals["new_group"]
         assert first.__wrapped__ is originals["init_process_group"]  # type: ignore[attr-defined]
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store?rank=0&world_size=1")
+        subgroup = dist.new_group([0])
+        assert made == [dist.group.WORLD, subgroup]  # init_process_group's own: the default group it made
     finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for name, original in originals.items():
             setattr(dist, name, original)
             setattr(distributed_c10d, name, original)
