@@ -123,6 +123,25 @@ def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
     assert _normalised(recorded.stderr) == _normalised(at_exit.stderr), recorded.stderr + at_exit.stderr
 
 
+def test_the_processs_finalizers_outlive_a_script() -> None:
+    # weakref.finalize registers its atexit handler when the first finalizer is made, here
+    # after the worker started: run at a script's end, it would finalize every object of the
+    # process and switch finalizers off for good.
+    code = textwrap.dedent("""
+        import os, tempfile, weakref
+        from raydist.pool.worker import exit_hooks
+        exit_hooks.install_recorder()
+        kept = tempfile.TemporaryDirectory()  # the worker's, outliving the script
+        exit_hooks.run_recorded()  # a script ended
+        later = tempfile.TemporaryDirectory()
+        name = later.name
+        del later
+        print(os.path.isdir(kept.name), weakref.finalize._shutdown, os.path.isdir(name))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["True", "False", "False"], result.stdout + result.stderr
+
+
 # One kept worker runs the script again and again, as a warm restart or a
 # second `raydist run` on the same workers does; faulthandler ends a hang.
 KEPT_WORKER = """
@@ -142,11 +161,13 @@ info = WorkerInfo(
 env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 worker.setup(WorkerSpec(worker=info, env=env, config=RunConfig(), device_type="cpu", init_kwargs=None))
 call = ray.cloudpickle.dumps((run_script, (sys.argv[1], []), {}))
-for run in range(int(sys.argv[2])):
-    os.environ["STORE_URL"] = f"file://{tempfile.mkdtemp()}/store?rank=0&world_size=1"
-    sent = worker.execute(call)  # a script's None, bare or (with the start-up's spans) as an Outcome
-    assert sent is None or (sent.ok and sent.exception_type is None), (run, sent)
-    print(f"run {run} ended", file=sys.stderr, flush=True)
+with tempfile.TemporaryDirectory() as scratch:
+    for run in range(int(sys.argv[2])):
+        os.mkdir(f"{scratch}/{run}")  # a store of its own: the last run's may not be gone yet
+        os.environ["STORE_URL"] = f"file://{scratch}/{run}/store?rank=0&world_size=1"
+        sent = worker.execute(call)  # a script's None, bare or (with the start-up's spans) as an Outcome
+        assert sent is None or (sent.ok and sent.exception_type is None), (run, sent)
+        print(f"run {run} ended", file=sys.stderr, flush=True)
 """
 
 

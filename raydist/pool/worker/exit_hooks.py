@@ -8,6 +8,12 @@ The recorder notes every handler registered from the actor's start on
 its place), and ``run_recorded`` runs them last-registered first, as the
 interpreter does at exit, reporting a handler that raises as Python does.
 Each ran handler is unregistered, so the next script starts clean.
+
+``weakref.finalize``'s handler is left to the real exit: it registers itself
+the first time any code makes a finalizer, and it runs every finalizer still
+alive in the process (the worker's own too: a ``TemporaryDirectory`` it
+holds), then switches finalizers off for good. A script's own objects are
+finalized when its namespace goes, as any object's are.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import atexit
 import sys
 import threading
 import traceback
+import weakref
 from typing import Any, Callable, List, Tuple
 
 Handler = Tuple[Callable[..., Any], Tuple[Any, ...], dict]
@@ -24,11 +31,13 @@ _recorded: List[Handler] = []
 _lock = threading.Lock()
 _real_register = atexit.register
 _real_unregister = atexit.unregister
+_FINALIZERS_AT_EXIT = getattr(weakref.finalize, "_exitfunc", None)  # runs every live weakref.finalize
 
 
 def _register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    with _lock:
-        _recorded.append((func, args, kwargs))
+    if func != _FINALIZERS_AT_EXIT:  # the whole process's (see the module docstring)
+        with _lock:
+            _recorded.append((func, args, kwargs))
     return _real_register(func, *args, **kwargs)
 
 
