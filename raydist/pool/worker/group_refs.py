@@ -12,8 +12,9 @@ reference. A process that exits never frees the namespace, so torchrun
 does not meet it.
 
 torch releases the GIL in the destructor of the Python ``ProcessGroup``
-object. So the worker holds one for each group its code creates and drops it
-after the call's own objects are gone: then it is the last reference.
+object (pytorch#154976; an older torch gains nothing here and loses nothing).
+So the worker holds one for each group its code creates and drops it after
+the call's own objects are gone: then it is the last reference.
 """
 
 from __future__ import annotations
