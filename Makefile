@@ -6,10 +6,10 @@ PIP := $(PY) -m pip
 # The CPU wheel of this torch is what the tests run against; pyproject keeps
 # the range loose (torch>=2.4) for users.
 TORCH_PIN := torch==2.13.0
-# The docs build: every warning (a broken link or anchor, a page missing) is an error.
-MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+# Where `make docs-build` writes the site (`make test` builds into a temporary folder).
+SITE ?= site
 
-.PHONY: venv install install-test install-docs horovod demo test test-gpu soak bench docs clean
+.PHONY: venv install install-test install-docs horovod demo test test-gpu soak bench docs docs-build clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +61,7 @@ test: install-test
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests/unit
 	$(PY) -m mypy
-	@site=$$(mktemp -d) && $(MKDOCS) --quiet --site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
+	@site=$$(mktemp -d) && $(MAKE) --no-print-directory docs-build SITE="$$site"; status=$$?; rm -rf "$$site"; exit $$status
 	$(MAKE) horovod
 	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
 
@@ -81,7 +81,13 @@ test-gpu:
 
 # The documentation site, into site/ (open site/index.html).
 docs: install-docs
-	$(MKDOCS)
+	$(MAKE) --no-print-directory docs-build
+
+# The one docs build of `make docs` and `make test`: every warning (a broken
+# link or anchor, a page missing) is an error. Not --quiet: it drops the
+# warnings before --strict counts them.
+docs-build:
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir "$(SITE)"
 
 bench: install
 	$(PIP) install --quiet -e '.[bench]' $(TORCH_PIN)

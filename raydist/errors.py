@@ -66,6 +66,11 @@ class RaydistError(Exception):
     # Where the run's time went, to the end (``RunSummary``; raydist.run's errors).
     summary: Optional[Any] = None
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Subclasses take other arguments than the message they pass to
+        # Exception, so the default (``cls(*args)``) cannot rebuild them.
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
     def note_summary(self, summary: Any) -> None:
         self.summary = summary
 
@@ -74,6 +79,14 @@ class RaydistError(Exception):
         self.restarted_in_place = True
         first = str(self.args[0]) if self.args else ""
         self.args = (f"{first}\n(the group restarted in place: attempt {attempt} runs and takes calls)", *self.args[1:])
+
+
+def _rebuild_error(cls: "type[RaydistError]", args: Tuple[Any, ...], fields: Dict[str, Any]) -> RaydistError:
+    """An unpickled or copied ``RaydistError``: its message and fields as they were, no ``__init__``."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
 
 
 @dataclass(frozen=True)

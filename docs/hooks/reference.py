@@ -478,7 +478,8 @@ def on_files(files: Any, config: Any) -> Any:
         files.append(File.generated(config, src_uri, content=render()))
     docs_dir = Path(config["docs_dir"]).resolve()
     published = set()
-    for page in _page_files(docs_dir):
+    # A README that a page includes links from its own place (include-markdown rewrites those links to the page's).
+    for page in [*_page_files(docs_dir), *(REPO / readme for readme in REPO_PAGES)]:
         for match in _LINK.finditer(page.read_text()):
             relative = repo_target(page, match.group(2), docs_dir)
             if relative is not None and relative not in REPO_PAGES and relative not in published:

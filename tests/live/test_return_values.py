@@ -109,3 +109,21 @@ def test_a_generator_returned_by_a_warm_group_fails_on_each_path() -> None:
                 send(group)
             check_generator_error(caught.value, 1)
     assert_nothing_left()
+
+
+def _rank_plus(offset: int) -> int:
+    return raydist.get_context().rank + offset
+
+
+def _nested_run() -> Any:
+    inner = raydist.run(_rank_plus, args=(10,), num_workers=2, accelerator="cpu")
+    return inner, "beside it"
+
+
+def test_a_nested_runs_results_and_summary_come_back_from_a_rank() -> None:
+    # raydist.run's result (a list with its summary) inside a value a rank returns.
+    [(inner, beside)] = raydist.run(_nested_run, num_workers=1, accelerator="cpu")
+    assert inner == [10, 11] and beside == "beside it"
+    assert isinstance(inner.summary, raydist.RunSummary) and [a.size for a in inner.summary.attempts] == [2]
+    assert inner.summary.attempts[-1].ended == "succeeded"
+    assert_nothing_left()

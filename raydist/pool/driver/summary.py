@@ -60,6 +60,22 @@ class RunSummary:
         self._fault_at: Optional[float] = None
         self._lock = threading.Lock()
 
+    # -- a value to keep: pickled, copied and compared without its lock ---------
+    def __getstate__(self) -> Dict[str, Any]:
+        with self._lock:
+            return {name: value for name, value in vars(self).items() if name != "_lock"}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunSummary):
+            return NotImplemented
+        return self.__getstate__() == other.__getstate__()
+
+    __hash__ = None  # type: ignore[assignment]  # it changes as the run goes
+
     # -- what the engine tells it ----------------------------------------------
     def world_ready(self, attempt: int, workers: Sequence[WorkerInfo], now: float) -> None:
         with self._lock:

@@ -422,3 +422,29 @@ def test_a_marker_without_its_block_is_an_error(tmp_path: Path) -> None:
     page.write_text("<!-- runnable -->\nsome text\n")
     with pytest.raises(ValueError, match="must stand right before"):
         reference.runnable_blocks([page])
+
+
+# -- the docs build itself ----------------------------------------------------
+
+
+def test_a_broken_link_fails_the_docs_build_of_make_docs_and_make_test(tmp_path: Path) -> None:
+    """``make docs`` and ``make test`` run the one ``docs-build`` recipe; a
+    page that links to a missing page must fail it (``--quiet`` once hid
+    such warnings from ``--strict``), and the clean pages must pass it."""
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", ".venv", "site", "__pycache__", "*.egg-info", ".*_cache"))
+
+    def build() -> "subprocess.CompletedProcess[str]":
+        command = ["make", "--no-print-directory", "-C", str(copy), "docs-build", f"PY={sys.executable}", f"SITE={tmp_path / 'site'}"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    clean = build()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    with open(copy / "docs" / "guides" / "failures.md", "a") as page:
+        page.write("\nSee [the missing page](no-such-page.md).\n")
+    broken = build()
+    assert broken.returncode != 0
+    assert "no-such-page.md" in broken.stdout + broken.stderr
