@@ -40,6 +40,7 @@ COLOURS: Dict[str, str] = {
     "collective": "#ff9da7",
     "controller": "#9c755f",
     "failure": "#e15759",
+    "stopped": "#f4b6b7",
     "restart": "#f28e2b",
     "spare": "#1b9e77",
     "signal": "#333333",
@@ -47,7 +48,8 @@ COLOURS: Dict[str, str] = {
 }
 UNKNOWN_COLOUR = "#cccccc"
 # Moments worth a word on a rank's row ("": the event's own name); the others (collectives, steps committed) get a tick.
-RANK_LABELS = {"failure": "failed", "spare": "a spare takes over", "restart": "new process", "signal": "", "node": ""}
+# A root cause and the ranks it stopped are told apart; a spare or a kept process under a new rank names its pid.
+RANK_LABELS = {"failure": "failed: the root cause", "stopped": "", "spare": "", "restart": "", "signal": "", "node": ""}
 BAR_HEIGHT = 0.6  # of a row's 1 unit: the rest is room for the labels above
 CLOSE = 0.08  # labels on one row nearer than this fraction of the run are stacked, not overprinted
 

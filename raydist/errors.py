@@ -7,6 +7,7 @@ traceback or how the process died. The earliest failure is the root cause
 
 from __future__ import annotations
 
+import copyreg
 import enum
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
@@ -68,8 +69,9 @@ class RaydistError(Exception):
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Subclasses take other arguments than the message they pass to
-        # Exception, so the default (``cls(*args)``) cannot rebuild them.
-        return (_rebuild_error, (type(self), self.args, self.__dict__))
+        # Exception, so the default (``cls(*args)``) cannot rebuild them:
+        # pickle's own protocol instead, the message and fields as they were.
+        return (copyreg.__newobj__, (type(self),), {**self.__dict__, "args": self.args})  # type: ignore[attr-defined]
 
     def note_summary(self, summary: Any) -> None:
         self.summary = summary
@@ -79,14 +81,6 @@ class RaydistError(Exception):
         self.restarted_in_place = True
         first = str(self.args[0]) if self.args else ""
         self.args = (f"{first}\n(the group restarted in place: attempt {attempt} runs and takes calls)", *self.args[1:])
-
-
-def _rebuild_error(cls: "type[RaydistError]", args: Tuple[Any, ...], fields: Dict[str, Any]) -> RaydistError:
-    """An unpickled or copied ``RaydistError``: its message and fields as they were, no ``__init__``."""
-    error = cls.__new__(cls)
-    error.args = args
-    error.__dict__.update(fields)
-    return error
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ CATEGORIES = (
     "data",  # waiting for a batch of a Ray Data shard
     "collective",  # a collective, from the flight recorder
     "controller",  # the run's phases (running, restarting, ...)
-    "failure",  # a rank that failed, and why
-    "restart",  # a new world after a failure
+    "failure",  # the rank whose failure ended a world (the root cause), and why
+    "stopped",  # a rank that failed because the root cause did (a peer gone from its collective)
+    "restart",  # a new world after a failure, and a kept process under a new rank
     "spare",  # a spare taking a rank's place
     "signal",  # a signal forwarded to the ranks
     "node",  # a node lost or draining

@@ -25,7 +25,7 @@ from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, Work
 from raydist.pool.driver.lifecycle import Lifecycle
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
-from raydist.pool.driver.timeline_events import world_ready
+from raydist.pool.driver.timeline_events import late_results, world_ready
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
 from raydist.pool.records import GroupPhase
@@ -43,6 +43,7 @@ class Settled:
 
     dead: Set[int]
     stuck: List[int]
+    late: Waited  # what the ranks whose call came back only now sent with it (their spans, for the summary)
 
 
 class RestartAborted(RuntimeError):
@@ -89,6 +90,7 @@ class WarmRestart:
         deadline = failed_at + config.survivor_timeout
         settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, deadline, live)
         world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        late_results(world, settled.late)
         plan = _plan(holdings, world, settled, leaving, config, live)
         live()
         doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
@@ -129,6 +131,7 @@ def settle_survivors(
     back, else when it comes back, until ``deadline`` (``cluster.time()``)."""
     dead = {f.rank for f in waited.failures if f.crashed} | {w.rank for w in workers if w.node_id in lost}
     pending = {refs[rank]: rank for rank in waited.pending if rank not in dead}
+    late = Waited([None] * len(refs))
     resets = {cluster.call(actors[r], "teardown"): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
     while pending or resets:
         live()
@@ -144,25 +147,28 @@ def settle_survivors(
         for ref in ready:
             rank = pending.pop(ref, None)
             if rank is not None:
-                if _died(cluster, ref):
+                died, value = _outcome(cluster, ref)
+                if died:
                     dead.add(rank)
                 else:
+                    late.keep(rank, value)
                     resets[cluster.call(actors[rank], "teardown")] = rank
                 continue
             rank = resets.pop(ref)
-            if _died(cluster, ref):
+            if _outcome(cluster, ref)[0]:
                 dead.add(rank)
-    return Settled(dead, sorted(set(pending.values()) | set(resets.values())))
+    return Settled(dead, sorted(set(pending.values()) | set(resets.values())), late)
 
 
-def _died(cluster: Cluster, ref: Pending) -> bool:
+def _outcome(cluster: Cluster, ref: Pending) -> Tuple[bool, Any]:
+    """Whether the call's process died, else what it sent (None: a value that could not come back)."""
     try:
-        cluster.get([ref], timeout=0)
+        [value] = cluster.get([ref], timeout=0)
     except WorkerDied:
-        return True
+        return True, None
     except (CallFailed, TimeoutError):  # a value that could not come back: the process lives
-        return False
-    return False
+        return False, None
+    return False, value
 
 
 def _plan(

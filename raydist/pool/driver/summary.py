@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from raydist.errors import WorkerFailure
+from raydist.errors import WorkerFailure, ranks_text, root_cause
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.stragglers import Straggler
 
@@ -58,6 +58,7 @@ class RunSummary:
         self.attempts: List[AttemptTimes] = []
         self.slowest: Optional[Straggler] = None  # the late rank, of the last attempt that had one
         self._fault_at: Optional[float] = None
+        self._started: Dict[int, float] = {}  # a process's start, by pid: a kept process started once
         self._lock = threading.Lock()
 
     # -- a value to keep: pickled, copied and compared without its lock ---------
@@ -80,8 +81,7 @@ class RunSummary:
     def world_ready(self, attempt: int, workers: Sequence[WorkerInfo], now: float) -> None:
         with self._lock:
             times = AttemptTimes(attempt, len(workers), now, None if self._fault_at is None else now - self._fault_at)
-            started = {r.pid: r.start for a in self.attempts for r in a.ranks.values()}  # a kept process started once
-            times.ranks = {w.rank: RankTimes(w.rank, w.node_id, w.pid, started.get(w.pid)) for w in workers}
+            times.ranks = {w.rank: RankTimes(w.rank, w.node_id, w.pid, self._started.get(w.pid)) for w in workers}
             self.attempts.append(times)
 
     def call_ended(
@@ -98,20 +98,35 @@ class RunSummary:
             times = self._attempt(attempt)
             if times is None:
                 return
-            for rank, seconds in ran.items():
+            for rank in {*ran, *spans, *waits}:
                 own = times.ranks.get(rank)
                 if own is None:
                     continue
-                own.run += seconds
+                own.run += ran.get(rank, 0.0)
                 for _, cat, start, end, _ in spans.get(rank, ()):
-                    if cat in ("start", "init"):
-                        setattr(own, cat, end - start)
+                    if cat == "init":
+                        own.init = end - start
+                    elif cat == "start":
+                        self._process_started(own.pid, end - start)
                 for kind, waited in waits.get(rank, ()):
                     own.waits[kind] = own.waits.get(kind, 0.0) + waited
             if failures:
                 first = min(failures, key=lambda failure: failure.timestamp or float("inf"))
                 self._fault_at = first.timestamp or None
-                times.ended = first.summary()
+                root = root_cause(failures)  # not the first by the clock: peers of a dead rank may fail before it is seen
+                stopped = sorted(f.rank for f in failures if f is not root)
+                times.ended = f"rank {root.rank} failed (root cause): {root.summary()}"
+                if stopped:
+                    times.ended += f"; {ranks_text(stopped)} stopped by it"
+
+    def _process_started(self, pid: int, seconds: float) -> None:
+        """Process ``pid`` took ``seconds`` to start: in every world it holds a rank in,
+        a later one too (a survivor's first result may be read once the new world is up)."""
+        self._started[pid] = seconds
+        for attempt in self.attempts:
+            for times in attempt.ranks.values():
+                if times.pid == pid:
+                    times.start = seconds
 
     def collectives(self, attempt: int, waits: Mapping[int, float], first_at: Optional[float], stragglers: Sequence[Straggler]) -> None:
         """What the straggler watch of ``attempt`` read, once its world ended."""

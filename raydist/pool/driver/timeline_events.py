@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Collection, Dict, Sequence
 
-from raydist.errors import WorkerFailure
+from raydist.errors import WorkerFailure, root_cause
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
 from raydist.pool.records import WorkerInfo
@@ -45,20 +45,43 @@ def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failu
     if not timeline.on:
         return
     lost = set()
+    if not failures:
+        return
+    root = root_cause(failures)
     for failure in failures:
         at = failure.timestamp or now
+        if failure is root:
+            name, cat = f"rank {failure.rank} failed (root cause)", "failure"
+        else:  # its failure followed from the root cause's (gloo's "Connection closed by peer")
+            name, cat = f"rank {failure.rank} stopped: rank {root.rank} failed", "stopped"
         timeline.instant(
-            f"rank {failure.rank} failed",
-            "failure",
+            name,
+            cat,
             at,
             failure.rank,
             failure.node_id or None,
             attempt=world.attempt,
+            pid=failure.pid,
             cause=failure.summary(),
+            root_cause=failure is root,
+            root_rank=root.rank,
         )
         if failure.died == NODE_LOST_TEXT and failure.node_id not in lost:
             lost.add(failure.node_id)
             timeline.instant(f"node {failure.node_id[:12]} lost", "node", at, attempt=world.attempt, node=failure.node_id)
+
+
+def late_results(world: World, late: Waited) -> None:
+    """What ranks of ``world`` sent with a result that came back only while a
+    warm restart settled them (their start-up, their waits): kept as a
+    result's are, so a kept process's start is not lost."""
+    if not late.spans and not late.waits:
+        return
+    with world.timeline.batch():
+        for worker in world.workers:
+            if worker.rank in late.spans:
+                world.timeline.spans(late.spans[worker.rank], worker.rank, worker.node_id, attempt=world.attempt, pid=worker.pid)
+    world.summary.call_ended(world.attempt, {}, late.spans, late.waits, [])
 
 
 def world_ready(world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collection[int] = ()) -> None:
@@ -68,15 +91,19 @@ def world_ready(world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collec
     world.summary.world_ready(world.attempt, world.workers, timeline.now())
     if not timeline.on:
         return
-    kept = {worker.pid for worker in old}
+    was = {worker.pid: worker.rank for worker in old}  # a kept process's rank in the world before
     what = "restart" if world.attempt else "start"
-    timeline.instant(f"world {world.attempt} ready ({world.size} ranks)", what, attempt=world.attempt, size=world.size)
+    # Which process holds which rank: a restart may renumber the kept ones.
+    processes = {str(worker.rank): worker.pid for worker in world.workers}
+    timeline.instant(f"world {world.attempt} ready ({world.size} ranks)", what, attempt=world.attempt, size=world.size, processes=processes)
     for worker in world.workers:
-        if worker.pid in spare_pids:
-            timeline.instant(
-                f"a spare is rank {worker.rank}", "spare", rank=worker.rank, node=worker.node_id, attempt=world.attempt, pid=worker.pid
-            )
-        elif old and worker.pid not in kept:
-            timeline.instant(
-                f"rank {worker.rank} in a new process", "restart", rank=worker.rank, node=worker.node_id, attempt=world.attempt
-            )
+        rank, pid = worker.rank, worker.pid
+        if pid in spare_pids:
+            name, cat = f"a spare (pid {pid}) is rank {rank}", "spare"
+        elif old and pid not in was:
+            name, cat = f"rank {rank} in a new process (pid {pid})", "restart"
+        elif old and was[pid] != rank:
+            name, cat = f"rank {rank} is the old rank {was[pid]} (pid {pid})", "restart"
+        else:
+            continue
+        timeline.instant(name, cat, rank=rank, node=worker.node_id, attempt=world.attempt, pid=pid, was_rank=was.get(pid))

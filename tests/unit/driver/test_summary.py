@@ -76,7 +76,10 @@ def test_the_table_names_the_slowest_rank_and_each_attempts_end() -> None:
     watch.poll()
     summary.collectives(1, watch.waits, 111.5, watch.stragglers)
     summary.ended("succeeded")
-    assert [(a.number, a.ended) for a in summary.attempts] == [(0, "process died: killed by SIGKILL"), (1, "succeeded")]
+    assert [(a.number, a.ended) for a in summary.attempts] == [
+        (0, "rank 1 failed (root cause): process died: killed by SIGKILL"),
+        (1, "succeeded"),
+    ]
     assert summary.attempts[1].after_fault == 1.0 and summary.attempts[1].first_step_after_fault == 1.5
     ranks = summary.attempts[1].ranks
     assert ranks[0].waits == {"data": 2.0, "state": 0.5, "collective": pytest.approx(1.0)} and ranks[2].waits == {"collective": 0.0}
@@ -87,3 +90,36 @@ def test_the_table_names_the_slowest_rank_and_each_attempts_end() -> None:
     row = next(line for line in lines if line.split()[:2] == ["0", "node-0"])
     assert "20.00 s" in row and "1.00 s (5%)" in row and "2.00 s (10%)" in row  # run, its collective wait, its data wait
     assert any("1.00 s" in line and "1.50 s" in line and "succeeded" in line for line in lines)
+
+
+def test_an_attempts_end_names_the_root_cause_not_the_first_rank_by_the_clock() -> None:
+    # Rank 2 dies; ranks 0 and 3 fail in their all_reduce first (gloo sees the closed connection before Ray sees the death).
+    summary, workers = RunSummary(), [worker(r) for r in range(4)]
+    summary.world_ready(0, workers, now=100.0)
+    peer_gone = "RuntimeError: Connection closed by peer"
+    failures = [
+        WorkerFailure(0, "node-0", "10.0.0.1", 100, 110.0, traceback=peer_gone),
+        WorkerFailure(2, "node-2", "10.0.0.1", 102, 110.2, exit_code=None, died="exited with status 1 (os._exit)"),
+        WorkerFailure(3, "node-3", "10.0.0.1", 103, 110.1, traceback=peer_gone),
+    ]
+    summary.call_ended(0, {r: 10.0 for r in range(4)}, {}, {}, failures)
+    assert (
+        summary.attempts[0].ended == "rank 2 failed (root cause): process died: exited with status 1 (os._exit); ranks 0, 3 stopped by it"
+    )
+
+
+def test_a_survivors_start_read_after_the_new_world_is_up_is_kept_in_both() -> None:
+    # A warm restart: ranks 0 and 2 kept, rank 1 a spare. Rank 0's first result (with its start span) is read
+    # only after the new world was set up, as a survivor's is when the restart settles before its result arrives.
+    summary, old = RunSummary(), [worker(r) for r in range(3)]
+    summary.world_ready(0, old, now=100.0)
+    died = WorkerFailure(1, "node-1", "10.0.0.1", 101, 110.0, died="killed by SIGKILL")
+    spans = {r: (("start", "start", 90.0, 92.0 + r, {}),) for r in (0, 2)}
+    summary.call_ended(0, {0: 10.0, 2: 10.0}, {2: spans[2]}, {}, [died])
+    spare = WorkerInfo(1, 1, 3, 1, 0, 1, "node-1", "10.0.0.1", 200, (), (), None, 1)
+    summary.world_ready(1, [old[0], spare, old[2]], now=111.0)
+    summary.call_ended(0, {}, {0: spans[0]}, {}, [])  # rank 0's first result, late: its spans only
+    assert [summary.attempts[n].ranks[0].start for n in (0, 1)] == [2.0, 2.0]
+    assert [summary.attempts[n].ranks[2].start for n in (0, 1)] == [4.0, 4.0]
+    row = next(line for line in summary.table().splitlines() if line.split()[:2] == ["0", "node-0"])
+    assert row.split()[2:4] == ["2.00", "s"]  # its start, not "-"

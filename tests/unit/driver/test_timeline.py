@@ -101,7 +101,8 @@ def test_off_it_writes_nothing_and_a_rank_sends_nothing(tmp_path: Path) -> None:
 
 def test_a_crash_with_a_spare_is_on_the_timeline_in_the_summary_and_the_figures(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
-    cluster = FakeCluster(NODES, [Fault("execute", "die", who=2)])
+    # Rank 2 dies; ranks 0 and 3 fail in the same call, as peers of a dead rank do in their collective.
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=2), Fault("execute", "raise", who=0), Fault("execute", "raise", who=3)])
     config = RunConfig(num_workers=4, max_restarts=1, spare_workers=1, flight_recorder=False, timeline=str(path))
     values = run_call(
         RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
@@ -111,13 +112,24 @@ def test_a_crash_with_a_spare_is_on_the_timeline_in_the_summary_and_the_figures(
     moments = [e for e in found if e["ph"] != "M"]
     failed = next(i for i, e in enumerate(moments) if e["cat"] == "failure")
     assert moments[failed]["args"]["rank"] == 2 and moments[failed]["args"]["attempt"] == 0
-    assert "process died" in moments[failed]["args"]["cause"]
+    assert "process died" in moments[failed]["args"]["cause"] and moments[failed]["args"]["root_cause"] is True
+    assert moments[failed]["name"] == "rank 2 failed (root cause)"
+    # The ranks it stopped are told apart from it, each naming it.
+    stopped = [e for e in moments if e["cat"] == "stopped"]
+    assert sorted((e["args"]["rank"], e["args"]["root_cause"], e["args"]["root_rank"]) for e in stopped) == [(0, False, 2), (3, False, 2)]
+    assert all(e["name"] == f"rank {e['args']['rank']} stopped: rank 2 failed" for e in stopped)
     spare = next(i for i, e in enumerate(moments) if e["cat"] == "spare")
-    assert spare > failed and moments[spare]["name"].startswith("a spare is rank")  # the new world is ranked by node
+    # The new world is ranked by node: the spare (node-c) is rank 3, and the old rank 3 (node-b) rank 2.
+    pids = {e["args"]["rank"]: e["args"]["pid"] for e in moments[:failed] if e["cat"] == "call"}
+    assert spare > failed and moments[spare]["name"] == f"a spare (pid {moments[spare]['args']['pid']}) is rank 3"
+    renumbered = [(e["args"]["rank"], e["args"]["was_rank"], e["args"]["pid"]) for e in moments if e["name"].endswith(f"(pid {pids[3]})")]
+    assert renumbered == [(2, 3, pids[3])]
+    ready = next(e for e in moments if e["name"].startswith("world 1 ready"))
+    assert ready["args"]["processes"] == {"0": pids[0], "1": pids[1], "2": pids[3], "3": moments[spare]["args"]["pid"]}
     calls = [e for e in moments[spare:] if e["cat"] == "call"]
     assert sorted(e["args"]["rank"] for e in calls) == [0, 1, 2, 3] and {e["args"]["attempt"] for e in calls} == {1}
     first = [e for e in moments[:failed] if e["cat"] == "call"]
-    assert {e["args"]["rank"]: e["args"]["ended"] for e in first} == {0: "finished", 1: "finished", 2: "failed", 3: "finished"}
+    assert {e["args"]["rank"]: e["args"]["ended"] for e in first} == {0: "failed", 1: "finished", 2: "failed", 3: "failed"}
     phases = [e["name"] for e in moments if e["cat"] == "controller"]
     assert phases == ["starting", "running", "restarting", "running", "shutting_down"]
     assert [e["cat"] for e in moments if e["cat"] in ("placement", "start")][:2] == ["placement", "start"]
@@ -125,7 +137,8 @@ def test_a_crash_with_a_spare_is_on_the_timeline_in_the_summary_and_the_figures(
     # The run's summary: the two attempts, how each ended, and the new world's ranks.
     summary = values.summary
     assert [(a.number, a.size, a.ended) for a in summary.attempts] == [(0, 4, summary.attempts[0].ended), (1, 4, "succeeded")]
-    assert summary.attempts[0].ended.startswith("process died") and summary.attempts[1].after_fault is not None
+    assert summary.attempts[0].ended.startswith("rank 2 failed (root cause): process died") and summary.attempts[1].after_fault is not None
+    assert summary.attempts[0].ended.endswith("; ranks 0, 3 stopped by it")
     # Its figures, for Ray's metrics: one warm restart, and how long it took.
     assert [(name, tags) for name, _, tags in cluster.recorded] == [
         ("raydist_recovery_seconds", {}),

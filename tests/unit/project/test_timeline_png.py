@@ -81,7 +81,7 @@ def test_a_row_per_rank_below_the_drivers_with_moments_where_they_happened(tmp_p
     moments = {(marker.row, marker.cat): marker for marker in picture.markers}
     assert set(moments) == {(2, "failure"), (2, "spare"), (0, "restart"), (1, "state")}
     assert moments[(1, "state")].label == ""  # a small moment: a tick without a word
-    assert moments[(2, "failure")].at == pytest.approx(3.0) and moments[(2, "failure")].label == "failed"
+    assert moments[(2, "failure")].at == pytest.approx(3.0) and moments[(2, "failure")].label == "failed: the root cause"
     assert moments[(0, "restart")].label == "world 1 ready (2 ranks)"
 
 
@@ -120,3 +120,28 @@ def test_a_png_is_written_from_a_closed_file_and_from_a_cut_short_one(tmp_path: 
         out = tmp_path / f"{source.stem}.png"
         assert timeline_png.main([str(source), str(out)]) == 0
         assert out.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_the_root_cause_stands_apart_from_the_ranks_it_stopped_and_a_renumbered_process_is_named(tmp_path: Path) -> None:
+    # Rank 1 dies and stops ranks 0 and 2; in the new world the old rank 2 (pid 12) is rank 1, a spare rank 2.
+    path, now = tmp_path / "run.json", [1000.0]
+    timeline = Timeline(str(path), clock=lambda: now[0])
+    for rank in range(3):
+        timeline.span("call", "call", 1000.0, 1001.0, rank=rank, node="node-a", attempt=0, pid=10 + rank)
+    timeline.instant("rank 1 failed (root cause)", "failure", 1001.0, rank=1, node="node-a", root_cause=True, root_rank=1)
+    for rank in (0, 2):
+        timeline.instant(f"rank {rank} stopped: rank 1 failed", "stopped", 1001.0, rank=rank, node="node-a", root_cause=False, root_rank=1)
+    timeline.instant("rank 1 is the old rank 2 (pid 12)", "restart", 1002.0, rank=1, node="node-a", pid=12, was_rank=2)
+    timeline.instant("a spare (pid 20) is rank 2", "spare", 1002.0, rank=2, node="node-b", pid=20)
+    timeline.close()
+    picture = timeline_png.layout(timeline_png.read_events(path.read_text())[0])
+    labels = {(marker.row, marker.cat): marker.label for marker in picture.markers}
+    assert labels == {
+        (2, "failure"): "failed: the root cause",
+        (1, "stopped"): "rank 0 stopped: rank 1 failed",
+        (3, "stopped"): "rank 2 stopped: rank 1 failed",
+        (2, "restart"): "rank 1 is the old rank 2 (pid 12)",
+        (3, "spare"): "a spare (pid 20) is rank 2",
+    }
+    assert timeline_png.colour("failure") != timeline_png.colour("stopped")
+    assert timeline_png.main([str(path), str(tmp_path / "run.png")]) == 0
