@@ -22,6 +22,7 @@ venv: $(PY)
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 DOCS_INSTALLED := $(VENV)/.installed-docs
+EXAMPLES_INSTALLED := $(VENV)/.installed-examples
 
 $(INSTALLED): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH_PIN)
@@ -42,12 +43,20 @@ $(DOCS_INSTALLED): $(INSTALLED)
 
 install-docs: $(DOCS_INSTALLED)
 
+$(EXAMPLES_INSTALLED): $(INSTALLED)
+	$(PIP) install --quiet -e '.[examples]'
+	touch $@
+
 horovod: install
 	bash scripts/install-horovod.sh $(PY)
 
-demo: install
+# The core under torchrun (no Ray), then what raydist is for: a rank killed
+# mid-training, a spare in its place with the state from memory, the loss
+# going on, the summary, and the timeline drawn as build/demo/timeline.png.
+# The examples extra is matplotlib, for the picture only.
+demo: $(EXAMPLES_INSTALLED)
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/core_demo.py
-	$(PY) examples/ddp_raydist.py --num-workers 2 --steps 20
+	$(PY) examples/recovery_demo.py --out build/demo
 
 # Lint and format (ruff), the unit tier (pure rules, no Ray, under a minute),
 # the type check and the docs build (warnings are errors: a broken link, a
