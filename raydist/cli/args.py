@@ -45,6 +45,26 @@ def _nnodes(value: str) -> Tuple[int, int]:
 
 # -- parser -----------------------------------------------------------------
 
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh")  # what shtab writes completions for
+
+
+class _PrintCompletion(argparse.Action):
+    """torchrun's ``--print-completion``: shtab writes the script from the
+    whole ``raydist`` parser (``top``), so it follows every flag; then exit."""
+
+    def __init__(self, *args: Any, top: argparse.ArgumentParser, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._top = top
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Optional[str] = None) -> None:
+        try:
+            import shtab
+        except ImportError:
+            parser.exit(1, f"{option} needs the 'shtab' package: pip install shtab\n")
+        print(shtab.complete(self._top, shell=values))
+        parser.exit()
+
+
 RUN_EPILOG = (
     "exit status: 0 when every rank exits 0; n when every failing rank called "
     "sys.exit(n); 1 when a rank raised, died or timed out; 2 for a bad command line "
@@ -76,6 +96,16 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     _add_cli_only_arguments(run)
     _add_config_arguments(run)
     _add_refused_arguments(run)
+    run.add_argument(
+        "--print-completion",
+        "--print_completion",
+        action=_PrintCompletion,
+        top=parser,
+        choices=COMPLETION_SHELLS,
+        help="print a shell completion script for raydist (its commands and flags) to stdout and exit, "
+        "as torchrun's does for torchrun (e.g. --print-completion bash > "
+        "~/.local/share/bash-completion/completions/raydist); needs the optional 'shtab' package",
+    )
     debug = commands.add_parser(
         "debug",
         help="attach to a rank waiting in pdb (breakpoint() or --post-mortem) under a run on this machine",
@@ -99,7 +129,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
-# Every flag of `torchrun --help` (torch 2.13), by its first spelling: honoured
+# Every flag of `torchrun --help` (torch 2.13 to 2.15), by its first spelling: honoured
 # (and by what) or refused (and why). A refused flag makes `raydist run` exit 2
 # with its reason; a test reads `torchrun --help` and fails on a flag missing here.
 HONOURED, REFUSED = "honoured", "refused"
@@ -121,6 +151,8 @@ TORCHRUN_FLAGS: Dict[str, Tuple[str, str]] = {
     "--virtual-local-rank": (HONOURED, "RunConfig.virtual_local_rank"),
     "--signals-to-handle": (HONOURED, "RunConfig.signals_to_handle"),
     "--shutdown-timeout": (HONOURED, "RunConfig.shutdown_timeout"),
+    "--log-line-prefix-template": (HONOURED, "RunConfig.log_line_prefix_template, ${hostname} the rank's node's short host name"),
+    "--print-completion": (HONOURED, "a completion script for raydist's own commands and flags (with shtab, as torchrun's)"),
     "--rdzv-backend": (REFUSED, "Ray is the rendezvous: raydist places the ranks and picks MASTER_ADDR/MASTER_PORT"),
     "--rdzv-endpoint": (REFUSED, "Ray is the rendezvous: give the Ray cluster with --address"),
     "--rdzv-id": (REFUSED, "Ray is the rendezvous: each run gets its own id (TORCHELASTIC_RUN_ID)"),

@@ -126,6 +126,31 @@ TEE = Option(
         help="send streams to the log files and the console (codes as for --redirects; default {default})",
     ),
 )
+
+
+def check_template(name: str, value: Any) -> str:
+    """A text with ``${...}`` macros; any other ``$`` is kept as written (``string.Template.safe_substitute``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a text such as '${{hostname}}:${{rank}}: ', not {type_name(value)} {value!r}")
+    return value
+
+
+LOG_LINE_PREFIX_TEMPLATE = Option(
+    None,
+    check=optional(check_template),
+    doc="torchrun's ``--log-line-prefix-template`` (torch >= 2.14): the prefix of each rank's console lines, "
+    "with ``${rank}``, ``${local_rank}``, ``${role_name}`` and ``${hostname}`` (the rank's node's short host "
+    "name). None: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` if set (the option wins over it, as in torchrun), "
+    "else raydist's ``(rank=N pid=P)``.",
+    flag=flag(
+        "--log-line-prefix-template",
+        "--log_line_prefix_template",
+        metavar="TEMPLATE",
+        help="the prefix of each rank's console lines, e.g. '${{hostname}}:${{rank}}: ', with ${{rank}}, "
+        "${{local_rank}}, ${{role_name}} and ${{hostname}} (as torchrun's; it wins over "
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE). Default: '(rank=N pid=P)'",
+    ),
+)
 LOCAL_RANKS_FILTER = Option(
     None,
     check=parse_local_ranks,
@@ -134,9 +159,7 @@ LOCAL_RANKS_FILTER = Option(
         "--local-ranks-filter",
         "--local_ranks_filter",
         metavar="RANKS",
-        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are "
-        "written all the same). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ('[${{rank}}]:', with "
-        "${{rank}}, ${{local_rank}}, ${{role_name}}) replaces the '(rank=N pid=P)' prefix of console lines",
+        help="only these local ranks reach the console, e.g. 0 or 0,1 (their log files are written all the same)",
     ),
 )
 

@@ -48,6 +48,7 @@ class RunConfig:
     redirects: StdSpec = logs.REDIRECTS.field()
     tee: StdSpec = logs.TEE.field()
     local_ranks_filter: Optional[Tuple[int, ...]] = logs.LOCAL_RANKS_FILTER.field()
+    log_line_prefix_template: Optional[str] = logs.LOG_LINE_PREFIX_TEMPLATE.field()
     restart_to_grow: bool = life.RESTART_TO_GROW.field()
     preemption_signal: Optional[str] = life.PREEMPTION_SIGNAL.field()
     label_selector: Mapping[str, str] = placement.LABEL_SELECTOR.field()

@@ -75,6 +75,7 @@ class Placement:
     accelerator_ids: Tuple[str, ...]
     free_port: int
     evidence: Optional[WorkerEvidence] = None  # where the process leaves its stderr, exit note, stacks
+    hostname: str = ""  # the node's host name (socket.gethostname()), ${hostname} in a log line prefix
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class WorkerInfo:
     device_index: Optional[int]  # own first device's position in visible_device_ids; None without devices
     actor_index: int
     evidence: Optional[WorkerEvidence] = None  # paths on the worker's node (stderr file, ...)
+    hostname: str = ""  # the node's host name, as its process sees it
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ class FakeWorker(FakeProcess):
         while port in used_ports:
             port += 1
         self.port = port
-        return Placement(index, self.node_id, node_ip(self.node_id), self.pid, (), port, evidence_of(self.pid))
+        return Placement(index, self.node_id, node_ip(self.node_id), self.pid, (), port, evidence_of(self.pid), f"host-{self.node_id}")
 
     def setup(self, spec: WorkerSpec) -> None:
         self.rank, self.env = spec.worker.rank, dict(spec.env)

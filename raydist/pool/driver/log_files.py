@@ -14,7 +14,7 @@ from typing import IO, List, Optional, Sequence
 
 from raydist.config import RunConfig
 from raydist.pool.records import WorkerInfo
-from raydist.pool.rules.logs import PREFIX_TEMPLATE_VAR, RankRoute, rank_route, wants_files
+from raydist.pool.rules.logs import RankRoute, prefix_template, rank_route, wants_files
 
 
 class RunLogs:
@@ -23,7 +23,7 @@ class RunLogs:
     def __init__(self, config: RunConfig, run_id: Optional[str] = None):
         self.config = config
         self.run_id = run_id or uuid.uuid4().hex  # also each rank's TORCHELASTIC_RUN_ID
-        self.template = os.environ.get(PREFIX_TEMPLATE_VAR)
+        self.template = prefix_template(config, os.environ)
         self.run_dir: Optional[str] = None  # made by the first attempt that needs it
 
     def attempt(self, restart_count: int, workers: Sequence[WorkerInfo]) -> List[RankRoute]:
@@ -35,7 +35,7 @@ class RunLogs:
             rank_dir = None if attempt_dir is None else os.path.join(attempt_dir, str(worker.rank))
             if rank_dir is not None:
                 os.makedirs(rank_dir)
-            routes.append(rank_route(self.config, worker.rank, worker.local_rank, rank_dir, self.template))
+            routes.append(rank_route(self.config, worker.rank, worker.local_rank, rank_dir, self.template, worker.hostname))
         return routes
 
     def _attempt_dir(self, restart_count: int) -> str:

@@ -37,4 +37,5 @@ def as_placement(worker: WorkerInfo) -> Placement:
         accelerator_ids=worker.device_ids,
         free_port=0,
         evidence=worker.evidence,
+        hostname=worker.hostname,
     )

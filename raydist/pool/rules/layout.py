@@ -95,6 +95,7 @@ def assign_ranks(
                     device_index=visible.index(own[0]) if own else None,
                     actor_index=member.index,
                     evidence=member.evidence,
+                    hostname=member.hostname,
                 )
             )
     return workers

@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 from string import Template
-from typing import List, Optional, Sequence, Set, Tuple
+from typing import List, Mapping, Optional, Sequence, Set, Tuple
 
 from raydist.config import STD_ERR, STD_NONE, STD_OUT, RunConfig, StdSpec
 
@@ -65,14 +65,25 @@ def wants_files(config: RunConfig) -> bool:
     return config.log_dir is not None or config.redirects != STD_NONE or config.tee != STD_NONE
 
 
-def line_prefix(template: Optional[str], rank: int, local_rank: int, role: str = ROLE_NAME) -> Optional[str]:
-    """``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` expanded as torchrun expands it."""
+def line_prefix(template: Optional[str], rank: int, local_rank: int, role: str = ROLE_NAME, hostname: str = "") -> Optional[str]:
+    """torchrun's log line prefix template expanded as torchrun expands it
+    (``${hostname}``: the short host name of the rank's node, torch >= 2.14)."""
     if template is None:
         return None
-    return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
+    return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank, hostname=hostname)
 
 
-def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional[str], template: Optional[str]) -> RankRoute:
+def prefix_template(config: RunConfig, environ: Mapping[str, str]) -> Optional[str]:
+    """The template of the console lines' prefix: ``--log-line-prefix-template``,
+    else ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` (torchrun's order); None: raydist's own prefix."""
+    if config.log_line_prefix_template is not None:
+        return config.log_line_prefix_template
+    return environ.get(PREFIX_TEMPLATE_VAR)
+
+
+def rank_route(
+    config: RunConfig, rank: int, local_rank: int, rank_dir: Optional[str], template: Optional[str], hostname: str = ""
+) -> RankRoute:
     """torchrun's rules for one rank: a tee'd stream is redirected too; the
     filter hides a rank's console output, never its files."""
     teed = stream_code(config.tee, local_rank)
@@ -90,7 +101,7 @@ def rank_route(config: RunConfig, rank: int, local_rank: int, rank_dir: Optional
         local_rank,
         route(STD_OUT, "stdout.log"),
         route(STD_ERR, "stderr.log"),
-        line_prefix(template, rank, local_rank, config.role),
+        line_prefix(template, rank, local_rank, config.role, hostname),
         rank_dir,
     )
 

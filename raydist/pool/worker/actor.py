@@ -185,6 +185,7 @@ class RayWorker:
             accelerator_ids=tuple(str(i) for i in ids),
             free_port=self._reserve_port(used_ports),
             evidence=evidence,
+            hostname=socket.gethostname(),
         )
 
     @_spanned("init", "init")  # the launcher environment and the process group

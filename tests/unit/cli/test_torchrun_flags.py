@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 from typing import Dict, List, Set
 
 import pytest
@@ -77,3 +78,17 @@ def test_refused_flags_exit_2_with_their_reason(flags: Dict[str, List[str]], cap
                 cli.main(["run", spelling, "x", "train.py"])
             assert stopped.value.code == 2, spelling
             assert f"torchrun's {flag} is refused: {why}" in capsys.readouterr().err, spelling
+
+
+def test_print_completion_writes_a_script_for_every_flag(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("shtab", reason="shtab comes with the test extra")
+    for spelling in ("--print-completion", "--print_completion"):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["run", spelling, "bash"])  # no script needed, as with --help
+        assert stopped.value.code == 0
+        script = capsys.readouterr().out
+        assert "raydist" in script and "--log-line-prefix-template" in script and "--nproc-per-node" in script
+    monkeypatch.setitem(sys.modules, "shtab", None)  # not installed
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--print-completion", "zsh"])
+    assert stopped.value.code == 1 and "pip install shtab" in capsys.readouterr().err

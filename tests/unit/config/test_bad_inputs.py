@@ -56,6 +56,7 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "redirects": [({"redirects": "0:1,0:2"}, ValueError, "redirects '0:1,0:2' gives local rank 0 more than once")],
     "tee": [({"tee": "0:1,0:2"}, ValueError, "tee '0:1,0:2' gives local rank 0 more than once"), ({"tee": 4}, ValueError, "tee")],
     "local_ranks_filter": [({"local_ranks_filter": "0,0"}, ValueError, "local_ranks_filter names local rank 0 more than once")],
+    "log_line_prefix_template": [({"log_line_prefix_template": ["[", "]"]}, TypeError, "log_line_prefix_template must be a text")],
     "restart_to_grow": [
         ({"restart_to_grow": True}, ValueError, "restart_to_grow needs an elastic size"),
         ({"restart_to_grow": "yes"}, TypeError, "restart_to_grow"),
@@ -136,9 +137,12 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--state-dir": [(["--state-dir", __file__], "not a directory"), (["--state-dir", "nosuch://b/x"], "unknown scheme")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
     "--timeline": [(["--timeline", "/no/such/dir/t.json"], "does not exist")],
+    "--print-completion": [(["--print-completion", "fish"], "--print-completion")],
 }
-# Flags that take no value and combine with every other: nothing to get wrong.
-FLAGS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset({"-h", "--run-path", "--virtual-local-rank", "--no-flight-recorder", "--post-mortem"})
+# Flags that take no value (or any text, as a prefix template) and combine with every other: nothing to get wrong.
+FLAGS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset(
+    {"-h", "--run-path", "--virtual-local-rank", "--no-flight-recorder", "--post-mortem", "--log-line-prefix-template"}
+)
 
 
 def test_every_field_has_a_row() -> None:

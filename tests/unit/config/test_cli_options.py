@@ -28,6 +28,7 @@ CLI_ONLY_DEFAULTS = {
     "standalone": False,
     "no_python": False,
     "run_path": False,
+    "print_completion": None,
 }
 ACTION_OF = {None: "_StoreAction", "store_true": "_StoreTrueAction", "append": "_AppendAction"}
 

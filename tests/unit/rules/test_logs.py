@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Set
@@ -13,7 +14,7 @@ from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from raydist.config import RunConfig, parse_local_ranks, parse_std
 from raydist.pool.driver.log_files import RankLog, RunLogs
 from raydist.pool.records import WorkerInfo
-from raydist.pool.rules.logs import console_prefix, line_prefix, rank_route
+from raydist.pool.rules.logs import PREFIX_TEMPLATE_VAR, console_prefix, line_prefix, rank_route
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -55,6 +56,7 @@ def test_stream_codes_torchrun_refuses_are_refused(value: str) -> None:
         ({"local_ranks_filter": [-1]}, ValueError, "local_ranks_filter"),
         ({"local_ranks_filter": 0.5}, TypeError, "local_ranks_filter"),
         ({"log_dir": 3}, TypeError, "log_dir"),
+        ({"log_line_prefix_template": 3}, TypeError, "log_line_prefix_template"),
         ({"log_dir": str(REPO / "README.md")}, ValueError, "not a directory"),
     ],
 )
@@ -147,3 +149,14 @@ def test_run_logs_layout_across_attempts(tmp_path: Path) -> None:
     logs.attempt(1, workers)  # an attempt directory is emptied, as torchrun's reify does
     assert list((run_dir / "attempt_1" / "0").iterdir()) == []
     assert RunLogs(RunConfig(local_ranks_filter=0)).attempt(0, workers)[0].stdout.file is None  # no files asked
+
+
+@pytest.mark.timeout(30)
+def test_the_template_flag_wins_over_the_variable_and_names_each_ranks_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(PREFIX_TEMPLATE_VAR, "[${rank}]:")
+    assert RunLogs(RunConfig()).template == "[${rank}]:"  # the variable, as torchrun reads it
+    logs = RunLogs(RunConfig(log_line_prefix_template="${hostname}:${rank}: "))
+    hosts = [dataclasses.replace(worker(rank, 0), hostname=f"r12i0n{rank}") for rank in (0, 1)]
+    # As torch 2.15's agent expands it: the short host name of the rank's node.
+    assert [route.prefix for route in logs.attempt(0, hosts)] == ["r12i0n0:0: ", "r12i0n1:1: "]
+    assert line_prefix("[${hostname}]", 3, 1) == "[]"  # a host name nobody reported: empty, as torch's without one
