@@ -19,6 +19,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RaySystemError
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from raydist.errors import WorkerGroupClosed
 from raydist.pool import ray_private
 from raydist.pool.cluster import placement
 from raydist.pool.cluster.connect import connect, connected_session
@@ -171,4 +172,4 @@ class RayCluster:
     def _check_connected() -> None:
         # Ray calls after ray.shutdown() (from another thread) would start a new local Ray.
         if not ray.is_initialized():
-            raise RuntimeError("Ray was shut down while raydist waited for its workers")
+            raise WorkerGroupClosed("Ray was shut down while raydist waited for its workers")

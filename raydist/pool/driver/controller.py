@@ -240,17 +240,17 @@ class RunController:
     def attach(self, name: str, thing: Attachment) -> None:
         world = self.world
         if world is None:
-            raise RuntimeError("this WorkerGroup has no running world to attach to")
+            raise WorkerGroupClosed("this WorkerGroup has no running world to attach to")
         world.watchers.attach(name, thing)
 
     def check_usable(self) -> None:
         self.check_session()
         if self.life.closing:
-            raise RuntimeError("this WorkerGroup has been shut down")
+            raise WorkerGroupClosed("this WorkerGroup has been shut down")
 
     def check_session(self) -> None:
         if self.cluster.session() != self.session:
-            raise RuntimeError(SESSION_GONE)
+            raise WorkerGroupClosed(SESSION_GONE)
 
 
 def run_call(run: RunController, call: bytes, data: Optional[CallData] = None) -> RunResults:

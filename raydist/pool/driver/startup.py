@@ -227,7 +227,7 @@ class GroupBuilder:
         if holdings.request.node_layout:
             broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
-                raise RuntimeError(f"the placement broke the node layout: {broken}")
+                raise InfeasibleResourcesError(f"the placement broke the node layout: {broken}")
         routes = tuple(self._logs.attempt(number, workers))
         output, watching = GroupOutput(workers, routes, self._router), Watchers(DebugRelay(self._cluster.driver_ip()))
         ranked = tuple(actors[w.actor_index] for w in workers)

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from raydist.errors import COLLECTIVES_HEADER
+from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
 from raydist.pool.driver.agents import NodeAgents
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput
@@ -56,10 +56,10 @@ class Watchers:
         self.drains, self.watch = drains, watch
 
     def attach(self, name: str, thing: Attachment) -> None:
-        """Keep ``thing`` under ``name`` until the world ends; RuntimeError once it has."""
+        """Keep ``thing`` under ``name`` until the world ends; WorkerGroupClosed once it has."""
         with self._lock:
             if self.ended:
-                raise RuntimeError("this WorkerGroup has no running world to attach to")
+                raise WorkerGroupClosed("this WorkerGroup has no running world to attach to")
             self._attached[name] = thing
 
     def attached(self, name: str) -> Optional[Attachment]:
