@@ -33,9 +33,9 @@ class Attempts:
         self.restarts_used = 0  # counted against max_restarts
         self.history: List[BaseException] = []  # the errors the run restarted after, oldest first
 
-    def decide(self, error: BaseException, holdings: Optional[Holdings], *, started: bool, newest: bool) -> Decision:
+    def decide(self, error: BaseException, holdings: Optional[Holdings], *, started: bool, world_replaced: bool = False) -> Decision:
         """The policy's answer to ``error`` on ``cluster`` (``started``: the
-        attempt had started; ``newest``: the failed call is its newest)."""
+        attempt had started; ``world_replaced``: a restart already replaced the failed call's world)."""
         config = self._config
         facts = Facts(
             restarts_left=config.max_restarts - self.restarts_used,
@@ -44,8 +44,8 @@ class Attempts:
             started=started,
             warm_restarts=config.warm_restarts,
             node_layout=holdings is not None and holdings.request.node_layout,
-            newest_call=newest,
             fresh_allowed=self.fresh_restarts,
+            world_replaced=world_replaced,
         )
         decision = self._policy(error, facts)
         if decision.why_not:

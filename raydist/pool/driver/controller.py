@@ -90,7 +90,7 @@ class RunController:
             except RaydistError as error:
                 if self.life.closing:
                     raise
-                decision = self.attempts.decide(error, self.holdings, started=False, newest=True)
+                decision = self.attempts.decide(error, self.holdings, started=False)
                 if decision.action not in (Action.FRESH, Action.RESIZE):
                     self.stop(CallEnd.SHUT_DOWN)
                     raise self.attempts.final(error) from None
@@ -155,25 +155,40 @@ class RunController:
         raise error if self.attempts.restarted_after(error) else self.attempts.final(error)
 
     def _after_failure(self, error: RaydistError, future: WorkerFuture, waited: Waited) -> None:
-        """Do what the policy says after a failed call: restart warm, or fresh, or stop."""
-        with self.life.lock:  # only the newest call restarts (a newer one is queued behind it on the old workers)
-            current = self.life.phase is GroupPhase.RUNNING and self.world is future.world
-            newest = future.number == self._calls - 1
-        decision = self.attempts.decide(error, self.holdings, started=True, newest=newest) if current else Decision(Action.RAISE)
+        """Do what the policy says after a failed call: restart warm, or fresh, or stop.
+
+        A failure is its world's: with several calls in flight, the first
+        failure decided under the lock restarts the world (a warm restart
+        claims RESTARTING in the same step), and a call of a world already
+        replaced, read after it in any order or thread, ends as that
+        restart says (``Action.CONTINUE``). A newer call queued on the old
+        ranks runs before their teardown, which queues behind it."""
+        life = self.life
+        with life.lock:
+            # Another call of this world may be restarting it: its outcome is this call's too.
+            life.changed.wait_for(lambda: life.phase not in (GroupPhase.RESTARTING, GroupPhase.STARTING))
+            replaced = self.world is not future.world
+            decision = Decision(Action.RAISE)  # a run shutting down ends the call
+            if not life.closing:
+                decision = self.attempts.decide(error, self.holdings, started=True, world_replaced=replaced)
+                if decision.action is Action.WARM:
+                    life.move(GroupPhase.RESTARTING)  # claimed with the decision: one restart for one failure
+        if decision.action is Action.CONTINUE:
+            error.note_restarted_in_place(self.attempts.number)
+            return
         if decision.action is Action.WARM and self._restart_warm(decision, error, future, waited):
             error.note_restarted_in_place(self.attempts.number)
             return
-        if decision.restarts and self.attempts.fresh_restarts and current:
+        if decision.restarts and self.attempts.fresh_restarts and not replaced:
             self._restart_fresh(decision, error, future, waited)
             return
         self.stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
 
     def _restart_warm(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
-        """Replace the failed ranks in place (``restart.WarmRestart``); False: it could not."""
+        """Replace the failed ranks in place (``restart.WarmRestart``), the run
+        in RESTARTING (claimed with the decision); False: it could not."""
         life, holdings, old = self.life, self.holdings, future.world
         assert holdings is not None and old is not None
-        if not life.move_if(GroupPhase.RUNNING, GroupPhase.RESTARTING, lambda: self.world is future.world):
-            return False
         try:
             restarted = WarmRestart(life, self._builder, holdings, self.config).run(old, future.refs, waited, future.number)
         except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes

@@ -56,6 +56,7 @@ class Action(enum.Enum):
     FRESH = "fresh"  # tear the attempt down and start the next one in new processes
     RESIZE = "resize"  # the same, larger: the cluster has room for more workers
     RAISE = "raise"  # the run ends with the error
+    CONTINUE = "continue"  # nothing to do: the failed call's world was already replaced (another call of it failed first)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,10 @@ class Facts:
     started: bool  # the failed attempt had started (False: it failed while starting)
     warm_restarts: bool  # the run restarts in place where it can (restart_mode="warm")
     node_layout: bool  # torchrun's node layout: a restart replaces whole nodes, so it starts afresh
-    newest_call: bool  # the failed call is the newest sent to its world (a newer one would run on the old ranks)
     fresh_allowed: bool  # the run may start new attempts (raydist.run, raydist run); a WorkerGroup raises instead
+    # The failed call's world was already replaced: another call in flight on it failed, and the run
+    # restarted for that failure (a failure is its world's: every call in flight on it ends with it).
+    world_replaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class Decision:
 
     @property
     def restarts(self) -> bool:
-        return self.action is not Action.RAISE
+        return self.action in (Action.WARM, Action.FRESH, Action.RESIZE)
 
 
 def decide(error: BaseException, facts: Facts) -> Decision:
@@ -94,9 +97,13 @@ def decide(error: BaseException, facts: Facts) -> Decision:
     dead rank or a lost node are; code that raised only with
     ``retry_on_exception``. Time-outs, cancellations and shut-downs end the
     run. A restart is warm when the run restarts in place, its attempt had
-    started, the call that failed is the newest and no node layout binds
-    whole nodes; otherwise it starts afresh where the run may, else raises.
+    started and no node layout binds whole nodes; otherwise it starts afresh
+    where the run may, else raises. A failure of a world that a restart
+    already replaced (two calls in flight, the other read first) asks for
+    nothing more: the run goes on, whichever call was read first.
     """
+    if facts.world_replaced:
+        return Decision(Action.CONTINUE)
     end = error.end if isinstance(error, RaydistError) else None
     reason = _reason(end, error, facts.retry_on_exception)
     if reason is None:
@@ -108,7 +115,7 @@ def decide(error: BaseException, facts: Facts) -> Decision:
         return Decision(Action.RAISE)
     if reason.kind == "scale-up":  # a larger placement: a fresh start
         return Decision(Action.RESIZE if facts.fresh_allowed else Action.RAISE, reason)
-    if facts.started and facts.warm_restarts and not facts.node_layout and facts.newest_call:
+    if facts.started and facts.warm_restarts and not facts.node_layout:
         return Decision(Action.WARM, reason)
     return Decision(Action.FRESH if facts.fresh_allowed else Action.RAISE, reason)
 

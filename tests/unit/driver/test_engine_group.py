@@ -163,3 +163,22 @@ def test_a_spare_that_dies_while_starting_is_left_out_and_nothing_leaks(method: 
         assert group.spares == [] and len(cluster.processes.workers) == 6  # tried once, not again and again
         assert group.run(current_rank) == [0, 1, 2, 3]  # the group runs on without a spare
     assert cluster.leftovers() == []
+
+
+@pytest.mark.parametrize("order", ["newest first", "oldest first"])
+def test_two_calls_in_flight_end_the_same_way_whatever_order_they_are_read_in(order: str) -> None:
+    # Rank 1 dies in the first of two calls in flight; the group may restart once.
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1)])
+    group = group_on(cluster, [], num_workers=4, max_restarts=1)
+    first, second = group.submit(current_rank), group.submit(current_rank)
+    errors = []
+    for future in [second, first] if order == "newest first" else [first, second]:
+        with pytest.raises(WorkerGroupError, match="root cause: rank 1") as failed:
+            future.result()
+        errors.append(failed.value)
+    # One restart for the one failure: both calls say the group restarted in place, and it serves the next call.
+    assert [error.restarted_in_place for error in errors] == [True, True]
+    assert group.phase is GroupPhase.RUNNING and group.restart_count == 1 and group.restarts_used == 1
+    assert group.run(current_rank) == [0, 1, 2, 3]
+    group.shutdown()
+    assert cluster.leftovers() == []

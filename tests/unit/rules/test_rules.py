@@ -187,7 +187,6 @@ def facts(**changed: Any) -> Facts:
         started=True,
         warm_restarts=True,
         node_layout=False,
-        newest_call=True,
         fresh_allowed=True,
     )
     return Facts(**{**plain, **changed})  # type: ignore[arg-type]
@@ -200,8 +199,9 @@ def facts(**changed: Any) -> Facts:
         ({"started": False}, Action.FRESH),  # a failed start has no survivors
         ({"warm_restarts": False}, Action.FRESH),  # restart_mode="fresh"
         ({"node_layout": True}, Action.FRESH),  # whole nodes are replaced
-        ({"newest_call": False}, Action.FRESH),  # a newer call is queued on the old ranks
-        ({"newest_call": False, "fresh_allowed": False}, Action.RAISE),  # a WorkerGroup does not start afresh
+        ({"node_layout": True, "fresh_allowed": False}, Action.RAISE),  # a WorkerGroup does not start afresh
+        ({"world_replaced": True}, Action.CONTINUE),  # another call of its world failed first: the restart for it stands
+        ({"world_replaced": True, "restarts_left": 0}, Action.CONTINUE),  # and costs nothing more
         ({"restarts_left": 0}, Action.RAISE),
         ({"driver_node": "n" * 16}, Action.RAISE),  # the driver's own node drains (for a preemption)
     ],
