@@ -7,6 +7,7 @@ in microseconds, and always in the same order."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, List
 
 import pytest
@@ -179,6 +180,31 @@ def test_two_calls_in_flight_end_the_same_way_whatever_order_they_are_read_in(or
     # One restart for the one failure: both calls say the group restarted in place, and it serves the next call.
     assert [error.restarted_in_place for error in errors] == [True, True]
     assert group.phase is GroupPhase.RUNNING and group.restart_count == 1 and group.restarts_used == 1
+    assert group.run(current_rank) == [0, 1, 2, 3]
+    group.shutdown()
+    assert cluster.leftovers() == []
+
+
+def test_two_calls_in_flight_read_from_two_threads_at_once_restart_the_group_once() -> None:
+    cluster = FakeCluster(NODES, [Fault("execute", "die", who=1)])
+    group = group_on(cluster, [], num_workers=4, max_restarts=1)
+    futures = [group.submit(current_rank) for _ in range(3)]
+    outcomes: List[Any] = [None] * len(futures)
+
+    def read(index: int) -> None:
+        try:
+            outcomes[index] = futures[index].result()
+        except BaseException as error:  # noqa: BLE001 - what each thread saw is the test's
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in reversed(range(len(futures)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [type(outcome) for outcome in outcomes] == [WorkerGroupError] * 3, outcomes
+    assert all(outcome.restarted_in_place for outcome in outcomes)
+    assert group.phase is GroupPhase.RUNNING and group.restarts_used == 1
     assert group.run(current_rank) == [0, 1, 2, 3]
     group.shutdown()
     assert cluster.leftovers() == []
