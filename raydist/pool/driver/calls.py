@@ -4,6 +4,7 @@ its pending result (``WorkerFuture``), and the error for how it ended."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -108,6 +109,9 @@ class WorkerFuture:
         self.sent_at = hooks.cluster.time()  # for the run's timeline
         self._result: Optional[List[Any]] = None
         self._error: Optional[BaseException] = None
+        # One reader ends the call; another (a thread, or a newer call's failure ending the
+        # older ones first: locks are taken newest to oldest) gets its ending.
+        self._ending = threading.Lock()
 
     def done(self) -> bool:
         if self._result is not None or self._error is not None:
@@ -121,16 +125,21 @@ class WorkerFuture:
         (tearing the group down) if a rank fails or the group's timeout runs
         out, WorkerCallCancelled after ``cancel``, and TimeoutError (the call
         runs on) when ``timeout`` passes first. Asking again gives the same answer."""
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            wait = None if timeout is None else check_seconds("timeout", timeout)
-            try:
-                self._result = self._hooks.finish(self, wait)
-            except RaydistError as error:
-                self._error = error
-                raise
-        return self._result
+        wait = None if timeout is None else check_seconds("timeout", timeout)
+        if not self._ending.acquire(timeout=-1 if wait is None else wait):
+            raise TimeoutError(f"call {self.number} had not finished after {wait:g} s; it is still running")
+        try:
+            if self._error is not None:
+                raise self._error
+            if self._result is None:
+                try:
+                    self._result = self._hooks.finish(self, wait)
+                except RaydistError as error:
+                    self._error = error
+                    raise
+            return self._result
+        finally:
+            self._ending.release()
 
     def release_split(self) -> None:
         """The call ended: stop its dataset split (a retry gets a fresh one)."""

@@ -25,7 +25,7 @@ over a controller that may not start new attempts (its user does).
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupClosed
@@ -62,6 +62,7 @@ class RunController:
         self._hooks = group_hooks(config)  # a missing backend library fails here, before the cluster
         self._grow = False  # the world was stopped because the cluster has room for more
         self._calls = 0
+        self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
         self.holdings: Optional[Holdings] = None
         self.world: Optional[World] = None
@@ -128,12 +129,19 @@ class RunController:
             assert world is not None
             refs, self._last_call = send_call(self.cluster, world, call, self._last_call)
             number, self._calls = self._calls, self._calls + 1
-        deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
-        hooks = CallHooks(self.finish, self.check_session, lambda: self.stop(CallEnd.CANCELLED), self.cluster)
-        return WorkerFuture(hooks, world, refs, number, deadline, split)
+            deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
+            hooks = CallHooks(self.finish, self.check_session, lambda: self.stop(CallEnd.CANCELLED), self.cluster)
+            future = self._in_flight[number] = WorkerFuture(hooks, world, refs, number, deadline, split)
+        return future
 
     def finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         """Wait for ``future``'s ranks; the values, or what the policy says and the error."""
+        values = self._finish(future, timeout)
+        with self.life.lock:
+            self._in_flight.pop(future.number, None)
+        return values
+
+    def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         self.check_session()
         stopped = lambda: self.life.stopped or (CallEnd.GROW if self._grow else None)  # noqa: E731 - read once the ranks are back
         try:
@@ -151,8 +159,23 @@ class RunController:
         if error is None:
             return values or []
         self._state.abort(self.cluster, future.world.attempt)  # no rank waits on a step a dead rank never saves
+        self._end_older_calls(future)
         self._after_failure(error, future, waited)
         raise error if self.attempts.restarted_after(error) else self.attempts.final(error)
+
+    def _end_older_calls(self, future: WorkerFuture) -> None:
+        """End the calls sent to ``future``'s world before it, oldest first: a
+        rank runs its calls in order, so an older call's failure came first
+        and is the one the run decides on, whichever future was read first.
+        Each is waited for at most ``survivor_timeout`` (it ran before this
+        one on every live rank; a rank stuck in it is the restart's to settle)."""
+        with self.life.lock:
+            older = [f for n, f in sorted(self._in_flight.items()) if n < future.number and f.world is future.world]
+        for call in older:
+            try:
+                call.result(self.config.survivor_timeout)
+            except (RaydistError, TimeoutError):
+                pass  # its own reader gets its ending; here it only had to come first
 
     def _after_failure(self, error: RaydistError, future: WorkerFuture, waited: Waited) -> None:
         """Do what the policy says after a failed call: restart warm, or fresh, or stop.
@@ -233,6 +256,8 @@ class RunController:
     def stop(self, cause: CallEnd, graceful: bool = False, settle: Optional[Tuple[int, Waited]] = None) -> None:
         """End the run for ``cause``; ``settle``: a failed call's output to wait for once the ranks are dead."""
         first = self.life.stop(cause)  # never waits on a restart: it holds the lock only between its steps
+        with self.life.lock:
+            self._in_flight.clear()  # no call ends another once the run stops
         world, holdings = self.world, self.holdings
         if world is not None:
             world.stop_watching()  # kept: what it saw explains the failure
