@@ -1,6 +1,6 @@
 """raydist's own cost per rank, on the in-memory fake cluster (no Ray).
 
-``raydist.pool.cluster.fake.FakeCluster`` stands in for Ray: its workers are
+``raydist.testing.fake.FakeCluster`` stands in for Ray: its workers are
 objects in this process and its clock is virtual, so a world of 4,096 ranks
 starts, calls, fails and restarts in well under a second of real time. What
 is real is the CPU work of raydist's driver code, and that is what this
@@ -177,7 +177,7 @@ def echo(value: int) -> int:
 
 def _group(n: int, faults: Sequence[Any]) -> Tuple[Any, Any]:
     from raydist.config import RunConfig
-    from raydist.pool.cluster.fake import FakeCluster
+    from raydist.testing.fake import FakeCluster
 
     cluster = FakeCluster(_nodes(n), faults)
     config = RunConfig(num_workers=n, flight_recorder=False, max_restarts=1, spare_workers=1)
@@ -187,8 +187,8 @@ def _group(n: int, faults: Sequence[Any]) -> Tuple[Any, Any]:
 def measure_group(n: int, calls: int, meter: Meter, samples: Samples) -> None:
     """start, call (each of ``calls``), rank failure, shutdown; then node loss on a second group."""
     from raydist.errors import WorkerGroupError
-    from raydist.pool.cluster.fake import Fault
     from raydist.pool.driver.group import WorkerGroup
+    from raydist.testing.fake import Fault
 
     cluster, config = _group(n, [Fault("execute", "die", who=1, nth=calls)])
     with meter.phase(samples.setdefault("start", [])):

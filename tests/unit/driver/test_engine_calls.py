@@ -11,12 +11,12 @@ import pytest
 
 from raydist.config import RunConfig
 from raydist.errors import WorkerCallCancelled, WorkerGroupError, WorkerGroupTimeout
-from raydist.pool.cluster.fake import FakeCluster, Fault
-from raydist.pool.cluster.fake_worker import current_attempt, current_rank
 from raydist.pool.driver.calls import prepare_call
 from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.records import GroupPhase
+from raydist.testing.fake import FakeCluster, Fault
+from raydist.testing.workers import current_attempt, current_rank
 
 NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}}
 

@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 
 from raydist.config import RunConfig
 from raydist.errors import RaydistError
-from raydist.pool.cluster.fake import FakeCluster, Fault
-from raydist.pool.cluster.fake_worker import current_rank
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.records import GroupPhase
+from raydist.testing.fake import FakeCluster, Fault
+from raydist.testing.workers import current_rank
 
 NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}, "node-c": {"CPU": 2}}
 FAULTS = st.builds(

@@ -20,12 +20,12 @@ from raydist import errors
 from raydist.config import RunConfig
 from raydist.core.state import StateSizeError
 from raydist.errors import CollectiveEntry, RaydistError, WorkerFailure, WorkerGroupError
-from raydist.pool.cluster.fake import FakeCluster, Fault
-from raydist.pool.cluster.fake_worker import current_rank
 from raydist.pool.driver.calls import prepare_call
 from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.driver.summary import RunResults, RunSummary
+from raydist.testing.fake import FakeCluster, Fault
+from raydist.testing.workers import current_rank
 
 NODES = {"node-a": {"CPU": 2}, "node-b": {"CPU": 2}}
 KEEPS: Dict[str, Callable[[Any], Any]] = {"pickle": lambda value: pickle.loads(pickle.dumps(value)), "deepcopy": copy.deepcopy}

@@ -11,11 +11,11 @@ from typing import Any, Dict, List, Sequence
 import pytest
 
 from raydist.errors import CollectiveEntry, WorkerFailure
-from raydist.pool.cluster.fake import FakeCluster
 from raydist.pool.driver.stragglers import StragglerWatch
 from raydist.pool.driver.summary import RunSummary
 from raydist.pool.records import WorkerInfo
 from raydist.pool.timeline import Timeline
+from raydist.testing.fake import FakeCluster
 
 LATE_NS = 50_000_000  # rank 2 enters every collective 50 ms after the others
 STEP_NS = 200_000_000

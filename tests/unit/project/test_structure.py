@@ -96,6 +96,18 @@ def test_the_pools_parts_import_downward_only() -> None:
         assert upward == set(), name
 
 
+def test_only_the_tests_use_the_test_harness() -> None:
+    """``raydist.testing`` (the fake cluster) is for tests: nothing of the package imports it."""
+    users = {
+        name
+        for name, tree in MODULES.items()
+        if not name.startswith("raydist.testing")
+        for m in imports(tree, top_level_only=False)
+        if m.startswith("raydist.testing")
+    }
+    assert users == set()
+
+
 def ray_imports(tree: ast.Module) -> Set[str]:
     """The modules of Ray that ``tree`` imports, anywhere (lazy imports too)."""
     found: Set[str] = set()
@@ -124,8 +136,9 @@ def test_the_engine_reaches_ray_only_through_the_cluster_seam() -> None:
     """Start-up, calls, restarts, spares, state and shutdown (``raydist.pool.driver``)
     ask a ``Cluster`` (``raydist.pool.cluster.seam``, itself Ray-free); only
     ``raydist.pool.cluster`` and the worker side import Ray."""
-    fake = ["seam", "fake", "fake_nodes", "fake_processes", "fake_worker", "clock"]
-    assert [name for name in fake if imports_ray(MODULES[f"raydist.pool.cluster.{name}"])] == []  # the fake cluster too
+    assert not imports_ray(MODULES["raydist.pool.cluster.seam"])
+    testing = [name for name in MODULES if name.startswith("raydist.testing")]
+    assert len(testing) > 3 and [name for name in testing if imports_ray(MODULES[name])] == []  # the fake cluster too
     on_ray = {name: ray_imports(tree) for name, tree in MODULES.items() if name.startswith("raydist.pool.driver") and imports_ray(tree)}
     assert on_ray == DRIVER_RAY_IMPORTS
 

@@ -1,6 +1,6 @@
 """The fake cluster's nodes and placements: what is alive, draining, free,
 and where each reserved bundle sits (``FakeCluster`` asks it; its processes
-live in ``raydist.pool.cluster.fake``). Bundles go first-fit in node order,
+live in ``raydist.testing.fake``). Bundles go first-fit in node order,
 on distinct nodes under the node layout; a lost node's bundles are placed
 again wherever there is room, as Ray re-places them."""
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from raydist.errors import InfeasibleResourcesError
-from raydist.pool.cluster.fake_worker import node_ip
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request, elastic_size
+from raydist.testing.workers import node_ip
 
 DRIVER_NODE = "driver-node"  # where the driver runs: no room for workers
 

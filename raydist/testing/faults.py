@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from raydist.pool.cluster.fake_worker import FakeWorker
+from raydist.testing.workers import FakeWorker
 
 KINDS = ("raise", "die", "hang", "slow", "lose-node", "drain-node", "act", "interrupt")
 

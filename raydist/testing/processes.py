@@ -1,7 +1,7 @@
 """The fake cluster's processes and their calls: every worker and node agent
 started, each one's calls in the order sent, and how each process ended.
 ``FakeCluster`` decides when a call runs and what goes wrong
-(``raydist.pool.cluster.fake``); this module keeps the books."""
+(``raydist.testing.fake``); this module keeps the books."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from raydist.pool.cluster.fake_worker import FIRST_PID, FakeAgent, FakeProcess, FakeWorker, failed_outcome
 from raydist.pool.cluster.seam import CallFailed, WorkerDied
+from raydist.testing.workers import FIRST_PID, FakeAgent, FakeProcess, FakeWorker, failed_outcome
 
 
 @dataclass(eq=False)

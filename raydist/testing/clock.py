@@ -1,6 +1,6 @@
 """``VirtualClock``: time that passes only when the engine waits.
 
-The fake cluster's clock (``raydist.pool.cluster.fake``). ``after`` keeps a
+The fake cluster's clock (``raydist.testing.fake``). ``after`` keeps a
 function to run at a virtual moment; ``soon`` one to run at the next step.
 ``run_until`` is every wait of the engine: it runs what can run (the
 cluster's ``step``), then the functions due, each on a thread of its own as

@@ -8,7 +8,7 @@ when the engine waits with a timeout and nothing it waits for can end; the
 engine's timers (polls, spare refills) run at their virtual moment. So the
 same test, with the same ``Fault`` list, takes the same path every time.
 
-``Fault`` (``raydist.pool.cluster.fake_faults``) makes something go wrong at a chosen moment: the ``nth`` call of a
+``Fault`` (``raydist.testing.faults``) makes something go wrong at a chosen moment: the ``nth`` call of a
 method on a chosen worker raises, kills its process, never returns, takes
 its node down or starts draining it (gone at the drain's deadline), or runs an action (``shutdown()`` from
 another thread). The ``Ledger`` lists what is still alive or held, so that
@@ -22,15 +22,15 @@ import threading
 from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from raydist.pool.cluster.clock import EPOCH, VirtualClock, VirtualTimer
-from raydist.pool.cluster.fake_faults import Fault, FaultBook
-from raydist.pool.cluster.fake_nodes import DRIVER_NODE, FakeNodes, FakeReservation
-from raydist.pool.cluster.fake_processes import FakeCall, FakeProcesses
-from raydist.pool.cluster.fake_worker import FakeAgent, FakeProcess, FakeWorker
 from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 from raydist.pool.worker.metrics import FIGURES
+from raydist.testing.clock import EPOCH, VirtualClock, VirtualTimer
+from raydist.testing.faults import Fault, FaultBook
+from raydist.testing.nodes import DRIVER_NODE, FakeNodes, FakeReservation
+from raydist.testing.processes import FakeCall, FakeProcesses
+from raydist.testing.workers import FakeAgent, FakeProcess, FakeWorker
 
 DRAIN_NOTICE_S = 20.0  # a "drain-node" fault's deadline: the node is gone this long after
 
