@@ -136,10 +136,16 @@ class RunController:
 
     def finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         """Wait for ``future``'s ranks; the values, or what the policy says and the error."""
-        values = self._finish(future, timeout)
-        with self.life.lock:
-            self._in_flight.pop(future.number, None)
-        return values
+        ended = True
+        try:
+            return self._finish(future, timeout)
+        except TimeoutError as waited_out:
+            ended = isinstance(waited_out, RaydistError)  # the group's timeout ended the call; result(timeout) did not
+            raise
+        finally:
+            if ended:
+                with self.life.lock:
+                    self._in_flight.pop(future.number, None)
 
     def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
         self.check_session()
