@@ -44,9 +44,9 @@ def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failu
     world.summary.call_ended(world.attempt, ran, waited.spans, waited.waits, failures)
     if not timeline.on:
         return
-    lost = set()
     if not failures:
         return
+    lost = set()
     root = root_cause(failures)
     for failure in failures:
         at = failure.timestamp or now
