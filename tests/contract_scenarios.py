@@ -103,6 +103,22 @@ SCENARIOS: List[Scenario] = [
         restart_count=1,
     ),
     Scenario(
+        "two calls in flight, a crash, no restart, read newest first",
+        (Step("die", 1),),
+        (rank_failed(1), rank_failed(1)),
+        group=True,
+        calls=2,
+        read_order=(1, 0),
+    ),
+    Scenario(
+        "two calls in flight, a crash, no restart, read oldest first",
+        (Step("die", 1),),
+        (rank_failed(1), rank_failed(1)),
+        group=True,
+        calls=2,
+        read_order=(0, 1),
+    ),
+    Scenario(
         "a group's crash with a spare",
         (Step("die", 0),),
         (rank_failed(0, restarted=True),),

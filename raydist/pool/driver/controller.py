@@ -28,7 +28,7 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
-from raydist.errors import RaydistError, WorkerGroupClosed
+from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.attempts import Attempts, Policy
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, end_of_call, forward_signal, send_call
@@ -63,6 +63,7 @@ class RunController:
         self._grow = False  # the world was stopped because the cluster has room for more
         self._calls = 0
         self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
+        self._ended_by: Optional[Tuple[World, WorkerGroupError]] = None  # the world whose failure stopped the run, and it
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
         self.holdings: Optional[Holdings] = None
         self.world: Optional[World] = None
@@ -164,10 +165,22 @@ class RunController:
             raise
         if error is None:
             return values or []
+        error = self._failure_of_its_world(future, error)
         self._state.abort(self.cluster, future.world.attempt)  # no rank waits on a step a dead rank never saves
         self._end_older_calls(future)
         self._after_failure(error, future, waited)
         raise error if self.attempts.restarted_after(error) else self.attempts.final(error)
+
+    def _failure_of_its_world(self, future: WorkerFuture, error: RaydistError) -> RaydistError:
+        """A call cut short by the stop that its world's failure caused (read
+        after it) ends with that failure, as it would have read before it."""
+        ended_by = self._ended_by
+        if error.end is not CallEnd.SHUT_DOWN or ended_by is None or ended_by[0] is not future.world:
+            return error
+        failed = ended_by[1]
+        same = WorkerGroupError(failed.failures, preempted_nodes=failed.preempted_nodes, collectives=failed.collectives)
+        same.end = failed.end
+        return same
 
     def _end_older_calls(self, future: WorkerFuture) -> None:
         """End the calls sent to ``future``'s world before it, oldest first: a
@@ -211,6 +224,8 @@ class RunController:
         if decision.restarts and self.attempts.fresh_restarts and not replaced:
             self._restart_fresh(decision, error, future, waited)
             return
+        if isinstance(error, WorkerGroupError) and not life.closing:
+            self._ended_by = (future.world, error)  # the calls of its world read after the stop end with it
         self.stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
 
     def _restart_warm(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:

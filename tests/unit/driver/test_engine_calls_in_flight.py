@@ -7,16 +7,17 @@ any of the calls), how many calls are in flight, whether a spare is ready
 and a restart allowed, and a read order. Both runs of the schedule (calls
 read oldest first, and in the drawn order) must agree on where the group is
 (its phase, attempt and restarts used: one restart for one failure) and on
-every call that returned values; a group that goes on gives every call the
-same ending both ways (safety: each call ends once, within the restart
-budget, nothing left after the shutdown); a group left running serves the
-next call with every rank's value (liveness).
+how every call ended: its values, or the error's type and whether the group
+restarted in place; while the group goes on, also the rank the error names
+as the root cause (safety: each call ends once, within the restart budget,
+nothing left after the shutdown). A group left running serves the next
+call with every rank's value (liveness).
 
-Not yet order-free, and so not asserted: when a failure stops the group
-(no restart left), the call read first raises its ``WorkerGroupError`` and
-a call of the same world read after the stop ``WorkerGroupClosed``. One
-control loop that sees every call end in the order they end is what makes
-that order-free too.
+Not yet order-free, and so not asserted: when failures in two calls stop
+the group (no restart left), a newer call read first names its own root
+cause, and read after the stop the one that stopped the world (it was cut
+short by that stop). One control loop that sees every call end in the order
+they end is what makes that order-free too.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL, logger="raydist")
 
 
-def ending(outcome: Any) -> Tuple[str, Any]:
+def ending(outcome: Any) -> Tuple[str, Any, Any]:
     if isinstance(outcome, RaydistError):
-        return type(outcome).__name__, outcome.restarted_in_place
-    return "values", outcome
+        root = getattr(outcome, "root_cause", None)
+        return type(outcome).__name__, outcome.restarted_in_place, None if root is None else root.rank
+    return "values", outcome, None
 
 
 def run(faults: Sequence[Fault], calls: int, order: Sequence[int], **options: Any) -> Tuple[List[Tuple[str, Any]], Any]:
@@ -99,5 +101,5 @@ def test_calls_in_flight_end_the_same_whatever_the_read_order(
     assert other_where == where, (faults, order)
     if where[0] is GroupPhase.RUNNING:
         assert other_endings == endings, (faults, order)
-    else:  # every call that returned values did so both ways; the others raised raydist's errors
-        assert [e for e in other_endings if e[0] == "values"] == [e for e in endings if e[0] == "values"], (faults, order)
+    else:  # each call ends the same way; which rank its error names may differ (see the module's docstring)
+        assert [e[:2] for e in other_endings] == [e[:2] for e in endings], (faults, order)
