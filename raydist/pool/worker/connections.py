@@ -50,7 +50,9 @@ def hold_store(reserved: socket.socket, host: str, timeout_s: float = 300.0) -> 
 
     reserved.listen()
     port = int(reserved.getsockname()[1])
-    return TCPStore(
+    listen_fd = reserved.detach()  # the store owns the socket now
+    store = functools.partial(
+        TCPStore,
         host,
         port,
         world_size=None,  # the ranks' own clients say how many there are
@@ -58,8 +60,12 @@ def hold_store(reserved: socket.socket, host: str, timeout_s: float = 300.0) -> 
         timeout=datetime.timedelta(seconds=timeout_s),  # this object's own client (torch's default)
         wait_for_workers=False,
         multi_tenant=True,
-        master_listen_fd=reserved.detach(),  # the store owns the socket now
+        master_listen_fd=listen_fd,
     )
+    try:
+        return store()
+    except NotImplementedError:  # an older torch (2.4): its libuv store cannot take a listening socket
+        return store(use_libuv=False)
 
 
 def tcp_connections() -> FrozenSet[Connection]:
