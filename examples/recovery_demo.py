@@ -87,7 +87,7 @@ def main() -> int:
     kept = sorted({r["pid"] for r in results} & {t.pid for t in first.ranks.values()})
     spare = [r["pid"] for r in results if r["pid"] not in kept]
     print("\n== the recovery")
-    print(f"rank 1 (pid {first.ranks[1].pid}) died at step {options.crash_at}: {first.ended}")
+    print(f"step {options.crash_at}, attempt 0: {first.ended} (rank 1 was pid {first.ranks[1].pid})")
     print(f"attempt {rank0['attempt']}: kept process(es) {kept}, the spare (pid {spare[0]}) took the dead rank's place")
     print(f"state loaded from another process's memory: resumed after step {rank0['resumed']}, so step {rank0['resumed'] + 1} came next")
     if after.after_fault is not None:
