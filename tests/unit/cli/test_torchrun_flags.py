@@ -39,7 +39,7 @@ def torchrun_flags() -> Dict[str, List[str]]:
 @pytest.fixture(scope="module")
 def flags() -> Dict[str, List[str]]:
     found = torchrun_flags()
-    assert {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--numa-binding", "--virtual-local-rank"} <= set(found)
+    assert {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--max-restarts"} <= set(found)  # in every torch raydist supports
     return found
 
 

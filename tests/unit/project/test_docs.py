@@ -25,6 +25,7 @@ import dataclasses
 import importlib.util
 import re
 import sys
+import sysconfig
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +39,18 @@ from raydist.cli import build_parser
 from raydist.config import RunConfig, cli_options
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def _stdlib() -> "frozenset[str]":
+    """The standard library's top-level modules (``sys.stdlib_module_names`` from Python 3.10; before, read from its folder)."""
+    names = getattr(sys, "stdlib_module_names", None)
+    if names is not None:
+        return frozenset(names)
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    return frozenset(sys.builtin_module_names) | {path.name.split(".")[0] for path in folder.iterdir() if path.suffix in ("", ".py")}
+
+
+STDLIB = _stdlib()
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
@@ -262,7 +275,7 @@ def _resolve_dotted(name: str) -> bool:
     parts = name.split(".")
     if parts[0] == "raydist" and len(parts) == 2 and (parts[1] in raydist.__all__ or hasattr(raydist, parts[1])):
         return True
-    if parts[0] in EXTERNAL_ROOTS or parts[0] in sys.stdlib_module_names:
+    if parts[0] in EXTERNAL_ROOTS or parts[0] in STDLIB:
         return True
     for k in range(len(parts), 0, -1):  # the longest module path the name starts with
         prefix = ".".join(parts[:k])
