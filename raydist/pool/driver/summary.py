@@ -59,6 +59,7 @@ class RunSummary:
         self.slowest: Optional[Straggler] = None  # the late rank, of the last attempt that had one
         self._fault_at: Optional[float] = None
         self._started: Dict[int, float] = {}  # a process's start, by pid: a kept process started once
+        self._held_by: Dict[int, List[RankTimes]] = {}  # each process's rank in every world it was in
         self._lock = threading.Lock()
 
     # -- a value to keep: pickled, copied and compared without its lock ---------
@@ -82,6 +83,8 @@ class RunSummary:
         with self._lock:
             times = AttemptTimes(attempt, len(workers), now, None if self._fault_at is None else now - self._fault_at)
             times.ranks = {w.rank: RankTimes(w.rank, w.node_id, w.pid, self._started.get(w.pid)) for w in workers}
+            for own in times.ranks.values():
+                self._held_by.setdefault(own.pid, []).append(own)
             self.attempts.append(times)
 
     def call_ended(
@@ -123,10 +126,8 @@ class RunSummary:
         """Process ``pid`` took ``seconds`` to start: in every world it holds a rank in,
         a later one too (a survivor's first result may be read once the new world is up)."""
         self._started[pid] = seconds
-        for attempt in self.attempts:
-            for times in attempt.ranks.values():
-                if times.pid == pid:
-                    times.start = seconds
+        for times in self._held_by.get(pid, ()):
+            times.start = seconds
 
     def collectives(self, attempt: int, waits: Mapping[int, float], first_at: Optional[float], stragglers: Sequence[Straggler]) -> None:
         """What the straggler watch of ``attempt`` read, once its world ended."""
