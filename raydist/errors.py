@@ -7,11 +7,12 @@ traceback or how the process died. The earliest failure is the root cause
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import enum
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 
 class CallEnd(enum.Enum):
@@ -56,6 +57,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
 
 
+_E = TypeVar("_E", bound="RaydistError")
+
+
 class RaydistError(Exception):
     """The base of every error raydist raises about a run (each also keeps the
     built-in base it always had, so existing ``except`` clauses still catch it)."""
@@ -73,14 +77,20 @@ class RaydistError(Exception):
         # pickle's own protocol instead, the message and fields as they were.
         return (copyreg.__newobj__, (type(self),), {**self.__dict__, "args": self.args})  # type: ignore[attr-defined]
 
-    def note_summary(self, summary: Any) -> None:
-        self.summary = summary
+    def with_summary(self: _E, summary: Any) -> _E:
+        """This error with the run's summary (a copy: an error raised once never changes)."""
+        told = copy.copy(self)
+        told.summary = summary
+        return told
 
-    def note_restarted_in_place(self, attempt: int) -> None:
-        """Say (attribute and message) that the group restarted in place as ``attempt``."""
-        self.restarted_in_place = True
+    def restarted_as(self: _E, attempt: int) -> _E:
+        """This error as a call of a world restarted in place as ``attempt`` tells
+        it (attribute and message; a copy: an error raised once never changes)."""
+        told = copy.copy(self)
+        told.restarted_in_place = True
         first = str(self.args[0]) if self.args else ""
-        self.args = (f"{first}\n(the group restarted in place: attempt {attempt} runs and takes calls)", *self.args[1:])
+        told.args = (f"{first}\n(the group restarted in place: attempt {attempt} runs and takes calls)", *self.args[1:])
+        return told
 
 
 @dataclass(frozen=True)

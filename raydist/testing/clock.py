@@ -11,15 +11,24 @@ Nothing runs by itself, so a schedule replays exactly.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 EPOCH = 1_800_000_000.0  # what time() reads at monotonic() == 0
 HORIZON_S = 1e6  # virtual seconds after which a wait is taken to wait forever
 ACTION_LIMIT_S = 30.0  # real seconds a timer's function may take before it is taken to be blocked
+
+
+ACTION_THREAD = "virtual-clock-action"
+
+
+def in_action() -> bool:
+    """Whether the calling thread runs one of the clock's functions (a timer, an action, a loop's turn)."""
+    return threading.current_thread().name == ACTION_THREAD
 
 
 class EngineStuck(AssertionError):
@@ -48,10 +57,29 @@ class VirtualClock:
         self._order = itertools.count()
         self._lock = threading.Lock()
         self._interrupted = False
+        self._running = 0  # functions running now (each on its thread, joined by a waiting thread)
+        self._done_running = threading.Condition()
+        self._parked: List[Callable[[], None]] = []  # each waiting user's thread's Ctrl-C handler, oldest first
 
     def interrupt(self) -> None:
-        """Ctrl-C: the engine's wait in progress, or its next, raises KeyboardInterrupt."""
+        """Ctrl-C: the user's thread waiting on the run says so at once (its
+        ``parked`` handler), then its wait raises KeyboardInterrupt."""
         self._interrupted = True
+        with self._lock:
+            handler = self._parked[0] if self._parked else None
+        if handler is not None:
+            handler()
+
+    @contextlib.contextmanager
+    def parked(self, on_interrupt: Callable[[], None]) -> Iterator[None]:
+        """A user's thread waits on the run meanwhile (``on_interrupt``: what it does on Ctrl-C)."""
+        with self._lock:
+            self._parked.append(on_interrupt)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._parked.remove(on_interrupt)
 
     def after(self, delay: float, fn: Callable[[], None], name: str) -> VirtualTimer:
         with self._lock:
@@ -75,14 +103,17 @@ class VirtualClock:
         ``waiting_for()`` names what the engine waits for, should it wait forever."""
         while True:
             self._run_actions()
+            self._deliver_interrupt()
+            if settled():  # before anything more runs: a user's thread goes on as soon as its answer came
+                return
             step()
-            if self._interrupted:
-                self._interrupted = False
-                raise KeyboardInterrupt  # Ctrl-C reaches the driver where it blocks
+            self._deliver_interrupt()
             if self.busy:
                 continue
             if settled():
                 return
+            if self._wait_for_other_driver():
+                continue
             due = self._next_due()
             if deadline is not None and (due is None or due > deadline):
                 self.now = max(self.now, deadline)
@@ -96,6 +127,24 @@ class VirtualClock:
                     timer = heapq.heappop(self._timers)
                     if not timer.cancelled:
                         self._actions.append(timer.fn)
+
+    def _wait_for_other_driver(self) -> bool:
+        """Another user's thread runs a function of the clock (the engine is
+        busy there): a second waiting thread waits for it, and neither time
+        moves nor does the engine count as stuck meanwhile."""
+        if in_action():
+            return False
+        with self._done_running:
+            if not self._running:
+                return False
+            self._done_running.wait(ACTION_LIMIT_S)
+            return True
+
+    def _deliver_interrupt(self) -> None:
+        """Ctrl-C lands in the user's thread where it waits, never in the engine's."""
+        if self._interrupted and not in_action():
+            self._interrupted = False
+            raise KeyboardInterrupt
 
     def pending(self) -> List[str]:
         """The names of the timers still to run (the ledger's)."""
@@ -113,8 +162,15 @@ class VirtualClock:
                 if not self._actions:
                     return
                 action = self._actions.pop(0)
-            thread = threading.Thread(target=action, name="virtual-clock-action", daemon=True)
-            thread.start()
-            thread.join(timeout=ACTION_LIMIT_S)
+            thread = threading.Thread(target=action, name=ACTION_THREAD, daemon=True)
+            with self._done_running:
+                self._running += 1
+            try:
+                thread.start()
+                thread.join(timeout=ACTION_LIMIT_S)
+            finally:
+                with self._done_running:
+                    self._running -= 1
+                    self._done_running.notify_all()
             if thread.is_alive():
                 raise EngineStuck(f"{action} blocked: the engine held a lock while it waited")

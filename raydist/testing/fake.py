@@ -26,7 +26,7 @@ from raydist.pool.cluster.seam import Printer
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 from raydist.pool.worker.metrics import FIGURES
-from raydist.testing.clock import EPOCH, VirtualClock, VirtualTimer
+from raydist.testing.clock import EPOCH, VirtualClock, VirtualTimer, in_action
 from raydist.testing.faults import Fault, FaultBook
 from raydist.testing.nodes import DRIVER_NODE, FakeNodes, FakeReservation
 from raydist.testing.processes import FakeCall, FakeProcesses
@@ -91,9 +91,28 @@ class FakeCluster:
     def after(self, delay: float, fn: Callable[[], None], name: str) -> VirtualTimer:
         return self.clock.after(delay, fn, name)
 
+    def run_loop(self, turn: Callable[[], Optional[float]], name: str) -> "FakeLoop":
+        return FakeLoop(self.clock, turn, name)
+
+    def park(self, done: threading.Event, timeout: Optional[float], on_interrupt: Callable[[], None] = lambda: None) -> bool:
+        if in_action():  # a timer or action never waits on the engine: it runs while the engine is held
+            return done.is_set()
+        deadline = None if timeout is None else self.clock.now + timeout
+        with self.clock.parked(on_interrupt):
+            self.clock.run_until(done.is_set, deadline, self._run_queued, lambda: "the run's loop to end a call or a request")
+        return done.is_set()
+
+    def when_ended(self, pending: Sequence[FakeCall], notify: Callable[[], None]) -> None:
+        with self._lock:
+            for call in pending:
+                if call.ended:
+                    notify()
+                else:
+                    call.on_end.append(notify)
+
     # -- placement ------------------------------------------------------------
-    def reserve(self, request: Request, timeout: float) -> Tuple[FakeReservation, int]:
-        reservation = self.nodes.reserve(request, timeout, self.monotonic, self.sleep)
+    def reserve(self, request: Request, timeout: float, stopping: Callable[[], bool] = lambda: False) -> Tuple[FakeReservation, int]:
+        reservation = self.nodes.reserve(request, timeout, self.monotonic, self.sleep, stopping)
         return reservation, len(reservation.nodes)
 
     def bundle_nodes(self, reservation: Optional[FakeReservation]) -> Dict[int, str]:
@@ -232,3 +251,57 @@ class FakeCluster:
         alive = self.processes.alive()
         held = [f"reservation #{r.number}" for r in self.nodes.reservations if not r.freed]
         return alive + held + [f"timer {name}" for name in self.clock.pending() if not name.startswith("fake-")]
+
+
+class FakeLoop:
+    """A run's control loop on the virtual clock: each turn runs as one of its
+    functions (at the next step after a wake, or at the moment the last turn
+    asked for), never two at once; a wake during a turn turns it once more after."""
+
+    def __init__(self, clock: VirtualClock, turn: Callable[[], Optional[float]], name: str):
+        self._clock, self._turn, self._name = clock, turn, name
+        self._lock = threading.Lock()
+        self._scheduled = self._turning = self._again = self._stopped = False
+        self._thread: Optional[threading.Thread] = None  # the action thread of the turn in progress
+        self._timer: Optional[VirtualTimer] = None
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            if self._turning:
+                self._again = True
+            elif not self._scheduled:
+                self._scheduled = True
+                self._clock.soon(self._run)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def in_turn(self) -> bool:
+        return self._turning and threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            if self._stopped or self._turning:
+                return
+            self._turning, self._again, self._thread = True, False, threading.current_thread()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        try:
+            due = self._turn()
+        finally:
+            with self._lock:
+                self._turning = False
+                again = self._again and not self._stopped
+        if again:
+            self.wake()
+        elif due is not None:
+            with self._lock:
+                if not self._stopped:
+                    self._timer = self._clock.after(max(0.0, due - self._clock.now), self.wake, "fake-loop-turn")

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from raydist.errors import InfeasibleResourcesError
+from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request, elastic_size
 from raydist.testing.workers import node_ip
@@ -65,7 +65,9 @@ class FakeNodes:
     def room_for(self, request: Request, taken: Sequence[str] = ()) -> int:
         return request.room(self.free(), self.usable(), taken)
 
-    def reserve(self, request: Request, timeout: float, now: Callable[[], float], sleep: Callable[[float], None]) -> FakeReservation:
+    def reserve(
+        self, request: Request, timeout: float, now: Callable[[], float], sleep: Callable[[float], None], stopping: Callable[[], bool]
+    ) -> FakeReservation:
         """The request's bundles once they fit (InfeasibleResourcesError at once when
         they never can, or after ``timeout`` seconds of the cluster's clock)."""
         reason = request.infeasibility(self.usable())
@@ -75,6 +77,8 @@ class FakeNodes:
         while (reservation := self.reserve_now(request)) is None:
             if now() >= deadline:
                 raise InfeasibleResourcesError(f"gave up after {timeout:g} s waiting for room (fake cluster)")
+            if stopping():
+                raise WorkerGroupClosed("this WorkerGroup was shut down while it waited for room")
             sleep(min(1.0, deadline - now()))
         return reservation
 

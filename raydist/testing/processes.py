@@ -6,7 +6,7 @@ started, each one's calls in the order sent, and how each process ended.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from raydist.pool.cluster.seam import CallFailed, WorkerDied
@@ -25,6 +25,7 @@ class FakeCall:
     state: str = "queued"
     value: Any = None
     error: Optional[BaseException] = None
+    on_end: List[Callable[[], None]] = field(default_factory=list)  # ``FakeCluster.when_ended``
 
     @property
     def ended(self) -> bool:
@@ -32,6 +33,8 @@ class FakeCall:
 
     def finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
         self.state, self.value, self.error = ("failed" if error is not None else "done"), value, error
+        for notify in self.on_end:
+            notify()
 
 
 class FakeProcesses:

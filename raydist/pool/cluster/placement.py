@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from raydist.errors import InfeasibleResourcesError
+from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed
 from raydist.pool import ray_private
 from raydist.pool.progress import progress
 from raydist.pool.records import ClusterNode
@@ -32,13 +32,14 @@ def usable_nodes() -> List[ClusterNode]:
     return [node for node in alive_nodes() if node.node_id not in draining]
 
 
-def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, int]:
+def reserve(request: Request, startup_timeout: float, stopping: Callable[[], bool] = lambda: False) -> Tuple[PlacementGroup, int]:
     """A placed placement group of ``request.bundle`` x n, and n.
 
     With ``request.sizes`` = (min, max) and min < max, n is as many as fit
     now (up to max) once at least min fit. Raises InfeasibleResourcesError
     at once when the nodes the request may use can never host min (and no
-    autoscaler can add nodes), or after ``startup_timeout`` seconds.
+    autoscaler can add nodes), or after ``startup_timeout`` seconds;
+    WorkerGroupClosed once ``stopping()`` (asked each second).
     """
     min_size, max_size = request.sizes
     nodes = usable_nodes()
@@ -60,7 +61,7 @@ def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, i
                 # An elastic size was right a moment ago; if others took the room meanwhile, look again.
                 wait = deadline if min_size == max_size else min(deadline, time.monotonic() + ELASTIC_PLACE_S)
                 try:
-                    placed = _wait_until_placed(pg, bundle, size, bar, wait)
+                    placed = _wait_until_placed(pg, bundle, size, bar, wait, stopping)
                 except BaseException:
                     remove_placement_group(pg)
                     raise
@@ -69,6 +70,7 @@ def reserve(request: Request, startup_timeout: float) -> Tuple[PlacementGroup, i
                 remove_placement_group(pg)
             if time.monotonic() >= deadline:
                 raise InfeasibleResourcesError(_gave_up(request, startup_timeout))
+            _check(stopping)
             bar.set_postfix_str(f"waiting for room for {min_size} of {fmt_resources(bundle)}; free: {fmt_resources(_free(bundle))}")
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # polling the cluster, with a deadline
 
@@ -101,9 +103,12 @@ def room_for(request: Request, taken: Sequence[str] = ()) -> int:
     return request.room(ray_private.available_resources_per_node(), nodes, taken)
 
 
-def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: Any, deadline: float) -> bool:
+def _wait_until_placed(
+    pg: PlacementGroup, bundle: Mapping[str, float], size: int, bar: Any, deadline: float, stopping: Callable[[], bool]
+) -> bool:
     ready = pg.ready()
     while True:
+        _check(stopping)
         remaining = deadline - time.monotonic()
         done, _ = ray.wait([ready], timeout=max(0.0, min(1.0, remaining)))
         if done:
@@ -112,6 +117,11 @@ def _wait_until_placed(pg: PlacementGroup, bundle: Mapping[str, float], size: in
         if remaining <= 0:
             return False
         bar.set_postfix_str(f"waiting for {fmt_resources(bundle)} x {size}; free: {fmt_resources(_free(bundle))}")
+
+
+def _check(stopping: Callable[[], bool]) -> None:
+    if stopping():
+        raise WorkerGroupClosed("this WorkerGroup was shut down while it waited for room")
 
 
 def _gave_up(request: Request, startup_timeout: float) -> str:

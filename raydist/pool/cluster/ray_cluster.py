@@ -23,12 +23,15 @@ from raydist.errors import WorkerGroupClosed
 from raydist.pool import ray_private
 from raydist.pool.cluster import placement
 from raydist.pool.cluster.connect import connect, connected_session
+from raydist.pool.cluster.loop_thread import LoopThread
 from raydist.pool.cluster.seam import CallFailed, Pending, Printer, Worker, WorkerDied
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
 from raydist.pool.worker.actor import RayWorker
 from raydist.pool.worker.evidence import NodeAgent
 from raydist.pool.worker.metrics import FIGURES_HERE
+
+SESSION_CHECK_S = 1.0  # how often a user's wait on the run looks whether Ray is still there
 
 _RemoteWorker = ray.remote(RayWorker)
 _RemoteAgent = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
@@ -89,10 +92,30 @@ class RayCluster:
         timer.start()
         return timer
 
+    def run_loop(self, turn: Callable[[], Optional[float]], name: str) -> LoopThread:
+        return LoopThread(turn, name)
+
+    def park(self, done: threading.Event, timeout: Optional[float], on_interrupt: Callable[[], None] = lambda: None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:  # in slices: a ray.shutdown() meanwhile ends the wait
+                left = None if deadline is None else deadline - time.monotonic()
+                if done.wait(SESSION_CHECK_S if left is None else max(0.0, min(left, SESSION_CHECK_S))):
+                    return True
+                if not ray.is_initialized() or (left is not None and left <= SESSION_CHECK_S):
+                    return done.is_set()
+        except KeyboardInterrupt:  # Ctrl-C interrupts the wait on the main thread
+            on_interrupt()
+            raise
+
+    def when_ended(self, pending: Sequence[Pending], notify: Callable[[], None]) -> None:
+        for ref in pending:
+            ref.future().add_done_callback(lambda _: notify())
+
     # -- placement ------------------------------------------------------------
 
-    def reserve(self, request: Request, timeout: float) -> Tuple[PlacementGroup, int]:
-        return placement.reserve(request, timeout)
+    def reserve(self, request: Request, timeout: float, stopping: Callable[[], bool] = lambda: False) -> Tuple[PlacementGroup, int]:
+        return placement.reserve(request, timeout, stopping)
 
     def bundle_nodes(self, reservation: Optional[PlacementGroup]) -> Dict[int, str]:
         if reservation is None:

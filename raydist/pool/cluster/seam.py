@@ -15,6 +15,7 @@ Ray-free: the unit tier imports it without Ray.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raydist.pool.records import ClusterNode
@@ -47,6 +48,22 @@ class Timer(Protocol):
     """A function ``Cluster.after`` will run, until cancelled."""
 
     def cancel(self) -> None: ...
+
+
+class LoopRunner(Protocol):
+    """Runs a run's control loop (``Cluster.run_loop``): one turn at a time, never two at once."""
+
+    def wake(self) -> None:
+        """Turn the loop soon (from any thread, or from within a turn: then once more after it)."""
+        ...
+
+    def stop(self) -> None:
+        """No more turns after the one in progress (if any)."""
+        ...
+
+    def in_turn(self) -> bool:
+        """Whether the calling thread is the loop's, in a turn."""
+        ...
 
 
 class Cluster(Protocol):
@@ -105,11 +122,30 @@ class Cluster(Protocol):
         fake cluster can run them on its own clock, in a fixed order."""
         ...
 
+    def run_loop(self, turn: Callable[[], Optional[float]], name: str) -> LoopRunner:
+        """Run ``turn`` whenever the returned runner is woken, one turn at a time,
+        and again at the ``monotonic()`` moment a turn returns (None: only when
+        woken). Ray: a thread of its own (``name``); a fake cluster turns it at
+        its virtual moments, so that a run replays exactly."""
+        ...
+
+    def park(self, done: threading.Event, timeout: Optional[float], on_interrupt: Callable[[], None] = lambda: None) -> bool:
+        """Wait (a user's thread, on the run's loop) until ``done`` is set or
+        ``timeout`` passes; whether it was set (False early once the
+        cluster's session is gone). Ctrl-C: ``on_interrupt()``, then
+        KeyboardInterrupt."""
+        ...
+
+    def when_ended(self, pending: Sequence[Pending], notify: Callable[[], None]) -> None:
+        """Call ``notify()`` (from any thread) each time one of ``pending`` ends."""
+        ...
+
     # -- placement ------------------------------------------------------------
-    def reserve(self, request: Request, timeout: float) -> Tuple[Reservation, int]:
+    def reserve(self, request: Request, timeout: float, stopping: Callable[[], bool] = lambda: False) -> Tuple[Reservation, int]:
         """Bundles for ``request``, placed, and how many (an elastic size
         takes what fits); InfeasibleResourcesError when it cannot, at once
-        or after ``timeout`` seconds."""
+        or after ``timeout`` seconds; WorkerGroupClosed once ``stopping()``
+        (the run was asked to stop while it waited for room)."""
         ...
 
     def bundle_nodes(self, reservation: Reservation) -> Dict[int, str]:

@@ -15,7 +15,7 @@ from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.startup import Holdings
-from raydist.pool.rules.policy import Decision, Facts, decide, restart_line
+from raydist.pool.rules.policy import Decision, Facts, RestartReason, decide, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
 
 logger = logging.getLogger("raydist")
@@ -33,9 +33,12 @@ class Attempts:
         self.restarts_used = 0  # counted against max_restarts
         self.history: List[BaseException] = []  # the errors the run restarted after, oldest first
 
-    def decide(self, error: BaseException, holdings: Optional[Holdings], *, started: bool, world_replaced: bool = False) -> Decision:
+    def decide(
+        self, error: BaseException, holdings: Optional[Holdings], *, started: bool, warm_failed: bool = False, stopping: bool = False
+    ) -> Decision:
         """The policy's answer to ``error`` on ``cluster`` (``started``: the
-        attempt had started; ``world_replaced``: a restart already replaced the failed call's world)."""
+        attempt had started; ``warm_failed``: the warm restart it chose could
+        not finish; ``stopping``: a stop was asked meanwhile)."""
         config = self._config
         facts = Facts(
             restarts_left=config.max_restarts - self.restarts_used,
@@ -45,7 +48,8 @@ class Attempts:
             warm_restarts=config.warm_restarts,
             node_layout=holdings is not None and holdings.request.node_layout,
             fresh_allowed=self.fresh_restarts,
-            world_replaced=world_replaced,
+            warm_failed=warm_failed,
+            stopping=stopping,
         )
         decision = self._policy(error, facts)
         if decision.why_not:
@@ -63,6 +67,15 @@ class Attempts:
 
     def restarted_after(self, error: BaseException) -> bool:
         return any(error is earlier for earlier in self.history)
+
+    def scaled(self, stopped: BaseException, more: int, old_size: int) -> None:
+        """The next attempt begins, larger (``stopped``: what the calls cut short
+        get): not a failure, not counted."""
+        self.history.append(stopped)
+        self.number += 1
+        self._cluster.record("raydist_restarts", 1, {"kind": "resize"})
+        reason = RestartReason("scale-up", f"the cluster has room for {more} more worker(s)", counted=False)
+        logger.warning(restart_line(reason, old_size, self.number, self._config.max_restarts, self.restarts_used))
 
     def final(self, error: RaydistError) -> RaydistError:
         """The error the run ends with: a run that restarted before lists its earlier attempts."""

@@ -23,7 +23,7 @@ from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.driver.agents import explain_deaths
 from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.timeline_events import call_ended
-from raydist.pool.driver.waiting import Waited, wait_for_ranks
+from raydist.pool.driver.waiting import CallWait, Waited
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, Outcome
 from raydist.pool.rules.policy import classify_end
@@ -33,7 +33,7 @@ __all__ = [
     "CallHooks",
     "KeptCall",
     "WorkerFuture",
-    "end_of_call",
+    "ending_of",
     "error_for",
     "forward_signal",
     "prepare_call",
@@ -77,12 +77,10 @@ def send_call(cluster: Cluster, world: World, call: bytes, kept: KeptCall) -> Tu
 
 @dataclass(frozen=True)
 class CallHooks:
-    """What a future needs of its group, and nothing more."""
+    """What a future needs of its run, and nothing more."""
 
-    finish: Callable[["WorkerFuture", Optional[float]], List[Any]]  # wait; the values, or raise (restarting as the policy says)
-    check_session: Callable[[], None]  # raises once the group's Ray is gone
-    cancel: Callable[[], None]  # stop the group, the call cancelled
-    cluster: Cluster
+    wait: Callable[["WorkerFuture", Optional[float]], bool]  # until the run's loop ended the call (or the timeout): whether it did
+    cancel: Callable[["WorkerFuture"], bool]  # ask the loop to stop the run for this call; whether it did
 
 
 class WorkerFuture:
@@ -90,7 +88,8 @@ class WorkerFuture:
 
     Like ``concurrent.futures.Future``: ``result(timeout)`` raises
     ``TimeoutError`` and leaves the call running; the group's own
-    ``timeout`` option is what tears a call down."""
+    ``timeout`` option is what tears a call down. The run's control loop
+    ends it, once (``end``); a reader only waits for that."""
 
     def __init__(
         self,
@@ -98,27 +97,32 @@ class WorkerFuture:
         world: World,
         refs: List[Pending],
         number: int,
-        deadline: Optional[float],
+        wait: CallWait,
+        sent_at: float,
         split: Optional[Attachment] = None,
     ):
         self._hooks = hooks
         self._split = split  # the call's dataset split (kept with its world too), stopped when the call ends
         self.world, self.refs, self.number = world, refs, number  # the world the call was sent to
-        self.actors = list(world.actors)
-        self.deadline = deadline  # the group's timeout (on its cluster's clock)
-        self.sent_at = hooks.cluster.time()  # for the run's timeline
-        self._result: Optional[List[Any]] = None
-        self._error: Optional[BaseException] = None
-        # One reader ends the call; another (a thread, or a newer call's failure ending the
-        # older ones first: locks are taken newest to oldest) gets its ending.
-        self._ending = threading.Lock()
+        self.wait = wait  # its ranks as they come back (read by the loop)
+        self.sent_at = sent_at  # for the run's timeline
+        self.ending = threading.Event()  # set once the loop ended the call
+        self._values: List[Any] = []
+        self._error: Optional[RaydistError] = None
+
+    @property
+    def ended(self) -> bool:
+        return self.ending.is_set()
+
+    def end(self, values: Optional[List[Any]] = None, error: Optional[RaydistError] = None) -> None:
+        """The call's end, as the run's loop decided it (the loop only; once)."""
+        assert not self.ending.is_set(), f"call {self.number} ended twice"
+        self._values, self._error = values or [], error
+        self.release_split()
+        self.ending.set()
 
     def done(self) -> bool:
-        if self._result is not None or self._error is not None:
-            return True
-        self._hooks.check_session()
-        ready, _ = self._hooks.cluster.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        return len(ready) == len(self.refs)
+        return self._hooks.wait(self, 0.0)
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
         """Values ordered by rank. Raises WorkerGroupError or WorkerGroupTimeout
@@ -126,20 +130,11 @@ class WorkerFuture:
         out, WorkerCallCancelled after ``cancel``, and TimeoutError (the call
         runs on) when ``timeout`` passes first. Asking again gives the same answer."""
         wait = None if timeout is None else check_seconds("timeout", timeout)
-        if not self._ending.acquire(timeout=-1 if wait is None else wait):
+        if not self._hooks.wait(self, wait):
             raise TimeoutError(f"call {self.number} had not finished after {wait:g} s; it is still running")
-        try:
-            if self._error is not None:
-                raise self._error
-            if self._result is None:
-                try:
-                    self._result = self._hooks.finish(self, wait)
-                except RaydistError as error:
-                    self._error = error
-                    raise
-            return self._result
-        finally:
-            self._ending.release()
+        if self._error is not None:
+            raise self._error
+        return list(self._values)
 
     def release_split(self) -> None:
         """The call ended: stop its dataset split (a retry gets a fresh one)."""
@@ -152,37 +147,25 @@ class WorkerFuture:
         collective alone). Returns False if it had already finished."""
         if self.done():
             return False
-        self._hooks.cancel()
-        return True
+        return self._hooks.cancel(self)
 
 
-def end_of_call(
-    cluster: Cluster,
-    future: WorkerFuture,
-    timeout: Optional[float],
-    stopped: Callable[[], Optional[CallEnd]],
-    config_timeout: Optional[float],
-) -> Tuple[Optional[List[Any]], Optional[RaydistError], Waited]:
-    """Wait for ``future``'s ranks (up to ``timeout``, and the group's own
-    ``config_timeout`` from the call's start): (values, None) or (None, the
-    error for how it ended), with what was waited; ``stopped()``: why the run
-    stopped the call meanwhile, if it did. TimeoutError (the call runs on)
-    when ``timeout`` passes first."""
-    world = future.world
-    group_left = None if future.deadline is None else max(0.0, future.deadline - cluster.monotonic())
-    limit = group_left if timeout is None else timeout if group_left is None else min(timeout, group_left)
-    waited = wait_for_ranks(cluster, future.refs, limit, world.workers, None, future.actors)
-    if waited.pending and not waited.failures and limit is not None and (group_left is None or limit < group_left):
-        raise TimeoutError(f"call {future.number} had not finished after {limit:g} s; it is still running")
+def ending_of(
+    future: WorkerFuture, stopped: Optional[CallEnd], config_timeout: Optional[float]
+) -> Tuple[Optional[List[Any]], Optional[RaydistError]]:
+    """How ``future``'s call ended, from what its ranks sent back
+    (``future.wait``): (values, None) or (None, the error); ``stopped``: why
+    the run stopped the call (a call every rank finished keeps its values)."""
+    world, waited = future.world, future.wait.waited
     future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
-    failures, why = waited.failures, stopped()
-    if why is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
+    failures = waited.failures
+    if stopped is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
         failures = explain_deaths(failures, world.workers, world.agents)
-    end = classify_end(failures, waited.pending, stopped=why, drained_nodes=world.drained)
+    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=world.drained)
     call_ended(world, future.number, future.sent_at, waited, failures)
     if end is CallEnd.FINISHED:
-        return world.settle_output(future.number, waited.results), None, waited
-    return None, error_for(end, world, waited, failures, config_timeout or 0.0), waited  # a timeout says the one set
+        return world.settle_output(future.number, waited.results), None
+    return None, error_for(end, world, waited, failures, config_timeout or 0.0)  # a timeout says the one set
 
 
 def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[WorkerFailure], limit: float) -> RaydistError:
@@ -207,12 +190,11 @@ def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[Wor
     return error
 
 
-def forward_signal(cluster: Cluster, world: World, error: BaseException, future: WorkerFuture, shutdown_timeout: float) -> None:
-    """For a handled signal (it interrupts the wait as a KeyboardInterrupt):
-    send it to every rank (as torchrun does: their handlers can save state),
-    then wait up to ``shutdown_timeout`` for them to finish and for what they
-    printed meanwhile."""
-    signum = signals.received() if isinstance(error, KeyboardInterrupt) else None
+def forward_signal(cluster: Cluster, world: World, signum: Optional[int], future: WorkerFuture, shutdown_timeout: float) -> None:
+    """For a handled signal ``signum`` (it interrupted the user's wait as a
+    KeyboardInterrupt): send it to every rank (as torchrun does: their
+    handlers can save state), then wait up to ``shutdown_timeout`` for them
+    to finish and for what they printed meanwhile."""
     if signum is None or not world.actors:
         return
     logger.warning(

@@ -1,58 +1,80 @@
-"""``RunController``: one run's attempts, as explicit states, decided in one place.
+"""``RunController``: one run, driven by one control loop, the only writer of its state.
 
-A run (``raydist.run``, ``raydist run``, or one ``WorkerGroup``) goes through
-the phases of ``raydist.pool.records.GroupPhase``, along the moves
-``PHASE_TRANSITIONS`` lists and nowhere else (``Lifecycle.move``)::
+A run (``raydist.run``, ``raydist run``, or one ``WorkerGroup``) has one
+loop (``Cluster.run_loop``: a thread on Ray; turns at virtual moments on
+the fake cluster). User threads never change the run: they post an event
+(``raydist.pool.driver.events``: start, submit, cancel, shutdown, Ctrl-C)
+and wait for its reply or for their call's future. The drain watcher posts
+the room it found. On each turn the loop takes the events in order, then
+reads the calls in flight, oldest first (woken when a rank's call ends, or
+at a call's deadline), and acts:
+
+- a call every rank finished ends with its values;
+- a failed call is put to the policy (``raydist.pool.rules.policy.decide``,
+  injectable), once, and every call in flight on its world ends as that
+  decision says, whichever future is read first and from which thread: a
+  warm restart in place (``raydist.pool.driver.restart``; if it cannot
+  finish, the policy is asked again), a fresh attempt in new processes, or
+  the run stopped with the error;
+- room for more workers is put to the scaling rule (``policy.scale_to``):
+  the world restarts larger, not counted, the call sent again by
+  ``raydist.run``;
+- a stop (shutdown, cancel, Ctrl-C) releases everything and ends every
+  call in flight with it (a call every rank had finished keeps its values).
+
+The phases (``raydist.pool.records.GroupPhase``) move only along
+``PHASE_TRANSITIONS``::
 
     STARTING --> RUNNING --(a failed call: WARM)--> RESTARTING --> RUNNING
        |  ^         |                                   |
-       |  +---------+--(FRESH or RESIZE: torn down, the next attempt placed)
-       |  +------------------------------------------------+
-       v                                                    (a failed warm restart: FRESH)
-    SHUTTING_DOWN --> CLOSED   (from any phase: shutdown(), cancel(), or RAISE)
+       |  +---------+--(FRESH, or growth: torn down, the next attempt placed)
+       v
+    SHUTTING_DOWN --> CLOSED   (from any phase: shutdown(), cancel(), Ctrl-C, or RAISE)
 
-Every failure, of a start or of a call, is put to the policy once
-(``raydist.pool.rules.policy.decide``, injectable) with the facts it needs;
-the controller does what it answers: a warm restart in place
-(``raydist.pool.driver.restart``), a fresh (or larger) attempt in new
-processes, or the error raised. ``attempt`` is the one attempt counter
-(TORCHELASTIC_RESTART_COUNT of the world that runs); ``restarts_used``
-counts the restarts charged to ``max_restarts``. Errors say what happened
-(``restarted_in_place``), never what to do. A ``WorkerGroup`` is a facade
-over a controller that may not start new attempts (its user does).
+``attempts.number`` is the one attempt counter (TORCHELASTIC_RESTART_COUNT
+of the world that runs); ``attempts.restarts_used`` counts the restarts
+charged to ``max_restarts``. An error is built once, with what happened
+(``end``, ``restarted_in_place``), and never changed after it is raised.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+import threading
+from collections import deque
+from functools import partial
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
-from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupError
-from raydist.pool.cluster.seam import Cluster
+from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped
+from raydist.pool import signals
+from raydist.pool.cluster.seam import Cluster, LoopRunner
 from raydist.pool.driver.attempts import Attempts, Policy
-from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, end_of_call, forward_signal, send_call
+from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_of, forward_signal, send_call
 from raydist.pool.driver.datasets import CallData, split_for_world
+from raydist.pool.driver.events import STOPPING, Cancel, Event, Interrupt, Reply, RoomFound, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
-from raydist.pool.driver.lifecycle import Lifecycle, weak_stopper
+from raydist.pool.driver.lifecycle import Lifecycle, weakly
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import WarmRestart
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.summary import RunResults, RunSummary
-from raydist.pool.driver.waiting import Waited
+from raydist.pool.driver.waiting import CallWait, Waited
 from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase
-from raydist.pool.rules.policy import Action, Decision
+from raydist.pool.rules.policy import Action, Decision, scale_to
 
 logger = logging.getLogger("raydist")
 
 SESSION_GONE = "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); its workers are gone: start a new WorkerGroup"
+CLOSED = "this WorkerGroup has been shut down"
 
 
 class RunController:
-    """One run on ``cluster``: its attempts, phase and holdings (see the module docstring)."""
+    """One run on ``cluster``: its loop, attempts, phase and holdings (see the module docstring)."""
 
     def __init__(self, cluster: Cluster, config: RunConfig, fresh_restarts: bool, policy: Optional[Policy] = None):
         self.config = config
@@ -60,10 +82,8 @@ class RunController:
         self.attempts = Attempts(config, fresh_restarts, cluster, policy)
         self._state = RunState()  # save_state's copies outlive every attempt
         self._hooks = group_hooks(config)  # a missing backend library fails here, before the cluster
-        self._grow = False  # the world was stopped because the cluster has room for more
         self._calls = 0
         self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
-        self._ended_by: Optional[Tuple[World, WorkerGroupError]] = None  # the world whose failure stopped the run, and it
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
         self.holdings: Optional[Holdings] = None
         self.world: Optional[World] = None
@@ -75,14 +95,243 @@ class RunController:
             self._hooks,
             RunLogs(config),
             router_for(config, cluster),
-            weak_stopper(self.grow, CallEnd.GROW),  # held weakly: a group dropped without shutdown() is freed
+            weakly(self._room_found),  # held weakly: a group dropped without shutdown() is freed
             extra_env=self._state.env(config, cluster),
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
-        self._start(None)
+        self._inbox: Deque[Tuple[Event, Reply]] = deque()
+        self._inbox_lock = threading.Lock()
+        self._open = True  # the loop takes events (False once the run closed and its last events were answered)
+        self._closed = threading.Event()
+        self._loop = cluster.run_loop(self._turn, "raydist-run-loop")
+        self._ask(Start())
 
-    # -- attempts ----------------------------------------------------------
+    # -- what user threads do: post an event, and wait ------------------------
+    def send(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
+        """Send ``call`` to the current world's ranks (queued in the same order
+        on every rank); a call sent during a restart runs in the next world."""
+        future = self._ask(Submit(call, data))
+        if future is None:
+            raise WorkerGroupClosed(CLOSED)
+        return future
+
+    def shutdown(self, graceful: bool = False, cause: CallEnd = CallEnd.SHUT_DOWN) -> None:
+        """Stop the run (``graceful``: the ranks leave their process group
+        first); returns once it is closed. Safe from any thread, and again
+        (after ``ray.shutdown()`` too: there is nothing of Ray left to release)."""
+        reply = self._post(Stop(cause, graceful))
+        if reply is not None:
+            self._wait(reply.done, None)
+
+    def _post(self, event: Event) -> Optional[Reply]:
+        """Queue ``event`` for the loop; None once the run is closed."""
+        reply = Reply()
+        with self._inbox_lock:
+            if not self._open:
+                return None
+            self._inbox.append((event, reply))
+        if isinstance(event, STOPPING) and self.life.phase is GroupPhase.STARTING and self.holdings is not None:
+            self.holdings.release(graceful=False)  # the start in progress fails now instead of waiting for its workers
+        self._loop.wake()
+        return reply
+
+    def _ask(self, event: Event, future: Optional[WorkerFuture] = None) -> Any:
+        """Post ``event`` and wait for the loop's answer: its value, or its error raised."""
+        self.check_session()
+        reply = self._post(event)
+        if reply is None or self._loop.in_turn() or not self._wait(reply.done, None, future):
+            self.check_session()
+            return None  # closed, asked on the loop's own thread (answered on its next turn), or from a fake cluster's timer
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    def _wait(self, done: threading.Event, timeout: Optional[float], future: Optional[WorkerFuture] = None) -> bool:
+        """Wait for ``done`` (a user's thread). Ctrl-C: the loop forwards the
+        signal to the ranks and stops the run; this waits for that, then re-raises."""
+        try:
+            if self.cluster.park(done, timeout, partial(self._interrupt, future)):
+                return True
+        except KeyboardInterrupt as interrupted:
+            self.cluster.park(self._closed, None)
+            if self.cluster.session() != self.session:
+                raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from interrupted
+            raise
+        return False
+
+    def _interrupt(self, future: Optional[WorkerFuture]) -> None:
+        """Ctrl-C (or a handled signal) reached a user's wait: the loop is told at once, from where it landed."""
+        self._post(Interrupt(future, signals.received()))
+
+    def _wait_for_call(self, future: WorkerFuture, timeout: Optional[float]) -> bool:
+        if future.ended or self._wait(future.ending, timeout, future):
+            return True
+        self.check_session()
+        return False
+
+    def _cancel_call(self, future: WorkerFuture) -> bool:
+        return bool(self._ask(Cancel(future), future))
+
+    def _room_found(self) -> None:
+        """The drain watcher's poll found room for more workers (its thread only posts)."""
+        world = self.world
+        self._post(RoomFound(world.grow_by if world is not None else 0))
+
+    # -- the loop: its only writer -------------------------------------------
+    def _turn(self) -> Optional[float]:
+        """One turn: every event queued, in order, then the calls in flight;
+        when to turn again (a call's deadline), or None (when woken)."""
+        try:
+            while True:
+                while (item := self._next_event()) is not None:
+                    self._handle(*item)
+                if not self._end_calls() and not self._inbox:
+                    break
+        except Exception:
+            logger.exception("raydist: the run's control loop failed; stopping the run")
+            self.stop(CallEnd.SHUT_DOWN)
+        with self._inbox_lock:
+            if self.life.phase is GroupPhase.CLOSED and not self._inbox:
+                self._open = False
+        if not self._open:
+            self._loop.stop()
+            return None
+        deadlines = [f.wait.deadline for f in self._in_flight.values() if f.wait.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def _next_event(self) -> Optional[Tuple[Event, Reply]]:
+        with self._inbox_lock:
+            return self._inbox.popleft() if self._inbox else None
+
+    def _stop_requested(self) -> bool:
+        """A stop waits in the inbox: a start or warm restart in progress gives way to it."""
+        with self._inbox_lock:
+            return any(isinstance(event, STOPPING) for event, _ in self._inbox)
+
+    def _handle(self, event: Event, reply: Reply) -> None:
+        try:
+            value: Any = None
+            if isinstance(event, Start):
+                self._start(None)
+            elif isinstance(event, Submit):
+                value = self._send(event.call, event.data)
+            elif isinstance(event, Cancel):
+                value = self._cancel(event.future)
+            elif isinstance(event, Stop):
+                self.stop(event.cause, event.graceful)
+            elif isinstance(event, Interrupt):
+                self._interrupted(event)
+            elif isinstance(event, RoomFound):
+                self._grow(event.more)
+            reply.give(value)
+        except BaseException as error:  # noqa: BLE001 - the asker raises it
+            reply.give(error=error)
+
+    def _send(self, call: bytes, data: Optional[CallData]) -> WorkerFuture:
+        self.check_usable()
+        world = self.world
+        assert world is not None and self.life.phase is GroupPhase.RUNNING
+        split = split_for_world(self.cluster, world, data, self.held_resources, self.attach)  # queued before the call
+        refs, self._last_call = send_call(self.cluster, world, call, self._last_call)
+        number, self._calls = self._calls, self._calls + 1
+        deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
+        wait = CallWait(self.cluster, refs, world.workers, list(world.actors), deadline)
+        hooks = CallHooks(self._wait_for_call, self._cancel_call)
+        future = self._in_flight[number] = WorkerFuture(hooks, world, refs, number, wait, self.cluster.time(), split)
+        self.cluster.when_ended(refs, partial(_news, wait, self._loop))
+        return future
+
+    def _end_calls(self) -> bool:
+        """End the calls in flight whose ranks are back, oldest first (each rank
+        runs its calls in order); whether any ended."""
+        ended = False
+        while self._in_flight:
+            future = self._in_flight[min(self._in_flight)]
+            if not future.wait.due() or not future.wait.take():
+                break
+            ended = True
+            values, error = ending_of(future, None, self.config.timeout)
+            if error is None:
+                del self._in_flight[future.number]
+                future.end(values)
+            else:
+                self._after_failure(error, future)
+        return ended
+
+    # -- after a failure: what the policy says, for every call of its world ----
+    def _after_failure(self, error: RaydistError, future: WorkerFuture) -> None:
+        """A failure is its world's: the policy is asked once, and every call in
+        flight on that world ends as its decision says (a newer call queued on
+        the old ranks ran before their teardown, which queues behind it)."""
+        world, waited = future.world, future.wait.waited
+        self._state.abort(self.cluster, world.attempt)  # no rank waits on a step a dead rank never saves
+        calls = [self._in_flight.pop(n) for n in sorted(self._in_flight) if self._in_flight[n].world is world]
+        decision = self._decide(error, started=True)
+        if decision.action is Action.WARM:
+            if self._restart_warm(decision, error, calls, waited):
+                return
+            decision = self._decide(error, started=True, warm_failed=True)
+        if decision.action is Action.FRESH:
+            self._restart_fresh(error, calls, waited, lambda old: self.attempts.count(decision, error, old))
+            return
+        final = self.attempts.final(error)
+        self.stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
+        _end_all(calls, final)
+
+    def _decide(self, error: BaseException, *, started: bool, warm_failed: bool = False) -> Decision:
+        return self.attempts.decide(error, self.holdings, started=started, warm_failed=warm_failed, stopping=self._stop_requested())
+
+    def _restart_warm(self, decision: Decision, error: RaydistError, calls: List[WorkerFuture], waited: Waited) -> bool:
+        """Replace the failed ranks in place (``restart.WarmRestart``); False: it could not."""
+        old, holdings = calls[0].world, self.holdings
+        assert holdings is not None
+        self.life.move(GroupPhase.RESTARTING)
+        restarted = WarmRestart(self._builder, holdings, self.config, self._stop_requested).run(old, calls[0].refs, waited, calls[0].number)
+        if restarted is None:
+            self.life.move(GroupPhase.RUNNING)  # for the fresh start or the stop after it
+            return False
+        self.world, line = restarted
+        told = error.restarted_as(self.attempts.number + 1)
+        self.attempts.count(decision, told, old.size)
+        self.life.move(GroupPhase.RUNNING)
+        logger.warning(line)
+        _end_all(calls, told)
+        return True
+
+    def _restart_fresh(self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Any) -> None:
+        """Tear the attempt down and start the next one in new processes (larger,
+        for a growth); the calls end once it started (or with why it could not)."""
+        old, holdings = self.world, self.holdings
+        assert old is not None and holdings is not None
+        self.life.move(GroupPhase.STARTING)
+        old.stop_watching()
+        holdings.release(graceful=False)
+        old.close_output(calls[0].number if calls else None, waited.results, waited.marked_failures)
+        self._builder.restart(list(dict.fromkeys(w.node_id for w in old.workers)))  # surviving nodes keep their ranks
+        count(old.size)
+        try:
+            self._start(error)
+        except RaydistError as failed:
+            _end_all(calls, failed)
+            return
+        _end_all(calls, error)
+
+    def _grow(self, more: int) -> None:
+        """Room for ``more`` workers: the scaling rule says the size; the world
+        restarts at it, not counted (growth is not a failure)."""
+        world = self.world
+        if world is None or self.life.phase is not GroupPhase.RUNNING:
+            return
+        if scale_to(world.size, more, self.config.worker_range, self.attempts.fresh_restarts) is None:
+            return
+        logger.warning("raydist: room for %d more worker(s): restarting the world larger", more)
+        calls = [self._in_flight.pop(n) for n in sorted(self._in_flight)]
+        stopped = WorkerGroupStopped(f"the cluster has room for {more} more worker(s)")
+        stopped.end = CallEnd.GROW
+        self._restart_fresh(stopped, calls, Waited([]), lambda old: self.attempts.scaled(stopped, more, old))
+
+    # -- starting an attempt ---------------------------------------------------
     def _start(self, failed: Optional[RaydistError]) -> None:
         """Place and start the next attempt (after ``failed``), again while the policy restarts failed starts."""
         while True:
@@ -92,13 +341,13 @@ class RunController:
             except RaydistError as error:
                 if self.life.closing:
                     raise
-                decision = self.attempts.decide(error, self.holdings, started=False)
-                if decision.action not in (Action.FRESH, Action.RESIZE):
+                decision = self._decide(error, started=False)
+                if decision.action is not Action.FRESH:
                     self.stop(CallEnd.SHUT_DOWN)
                     raise self.attempts.final(error) from None
                 self.attempts.count(decision, error, old_size=0)
                 failed = error
-            except BaseException:  # KeyboardInterrupt included: the builder released what it made
+            except BaseException:
                 self.stop(CallEnd.SHUT_DOWN)
                 raise
 
@@ -106,192 +355,60 @@ class RunController:
         old = self.world
         if self.holdings is not None and old is not None:  # a fresh restart: what the last attempt held shows free first
             self.cluster.wait_released(self.holdings.held_resources(old.workers))
-        self.holdings = self._builder.reserve()  # held at once: a shutdown() from another thread releases it
+        self.holdings = self._builder.reserve(self._stop_requested)  # held at once: a stop asked meanwhile releases it
         world = self._builder.build(self.holdings, self.attempts.number)
-        with self.life.lock:
-            if self.life.phase is not GroupPhase.STARTING:
-                world.end()  # shut down while it started: its resources went with the shutdown
-                raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
-            self.world, self._grow = world, False
-            self.life.move(GroupPhase.RUNNING)
+        if self._stop_requested():
+            world.end()
+            raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
+        self.world = world
+        self.life.move(GroupPhase.RUNNING)
         if failed is not None:
             self.attempts.started(world.size, old.size if old else 0, failed, self.cluster.time())
 
-    # -- calls -------------------------------------------------------------
-    def send(self, call: bytes, data: Optional[CallData]) -> WorkerFuture:
-        """Send ``call`` to the current world's ranks (queued in the same order on every rank)."""
-        life = self.life
-        with life.lock:
-            # A call sent during a restart runs in the next world (or raises once the run is shut down).
-            life.changed.wait_for(lambda: life.phase not in (GroupPhase.RESTARTING, GroupPhase.STARTING))
-            self.check_usable()
-            split = split_for_world(self.cluster, self.world, data, self.held_resources, self.attach)  # queued before the call
-            world = self.world
-            assert world is not None
-            refs, self._last_call = send_call(self.cluster, world, call, self._last_call)
-            number, self._calls = self._calls, self._calls + 1
-            deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
-            hooks = CallHooks(self.finish, self.check_session, lambda: self.stop(CallEnd.CANCELLED), self.cluster)
-            future = self._in_flight[number] = WorkerFuture(hooks, world, refs, number, deadline, split)
-        return future
-
-    def finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
-        """Wait for ``future``'s ranks; the values, or what the policy says and the error."""
-        ended = True
-        try:
-            return self._finish(future, timeout)
-        except TimeoutError as waited_out:
-            ended = isinstance(waited_out, RaydistError)  # the group's timeout ended the call; result(timeout) did not
-            raise
-        finally:
-            if ended:
-                with self.life.lock:
-                    self._in_flight.pop(future.number, None)
-
-    def _finish(self, future: WorkerFuture, timeout: Optional[float]) -> List[Any]:
-        self.check_session()
-        stopped = lambda: self.life.stopped or (CallEnd.GROW if self._grow else None)  # noqa: E731 - read once the ranks are back
-        try:
-            values, error, waited = end_of_call(self.cluster, future, timeout, stopped, self.config.timeout)
-        except BaseException as interrupted:  # KeyboardInterrupt included: leave nothing running
-            if isinstance(interrupted, TimeoutError) and self.cluster.session() == self.session:
-                raise  # result(timeout) ran out: the call runs on
-            try:
-                forward_signal(self.cluster, future.world, interrupted, future, self.config.shutdown_timeout)
-            finally:
-                self.stop(CallEnd.SHUT_DOWN)
-            if self.cluster.session() != self.session:
-                raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from interrupted
-            raise
-        if error is None:
-            return values or []
-        error = self._failure_of_its_world(future, error)
-        self._state.abort(self.cluster, future.world.attempt)  # no rank waits on a step a dead rank never saves
-        self._end_older_calls(future)
-        self._after_failure(error, future, waited)
-        raise error if self.attempts.restarted_after(error) else self.attempts.final(error)
-
-    def _failure_of_its_world(self, future: WorkerFuture, error: RaydistError) -> RaydistError:
-        """A call cut short by the stop that its world's failure caused (read
-        after it) ends with that failure, as it would have read before it."""
-        ended_by = self._ended_by
-        if error.end is not CallEnd.SHUT_DOWN or ended_by is None or ended_by[0] is not future.world:
-            return error
-        failed = ended_by[1]
-        same = WorkerGroupError(failed.failures, preempted_nodes=failed.preempted_nodes, collectives=failed.collectives)
-        same.end = failed.end
-        return same
-
-    def _end_older_calls(self, future: WorkerFuture) -> None:
-        """End the calls sent to ``future``'s world before it, oldest first: a
-        rank runs its calls in order, so an older call's failure came first
-        and is the one the run decides on, whichever future was read first.
-        Each is waited for at most ``survivor_timeout`` (it ran before this
-        one on every live rank; a rank stuck in it is the restart's to settle)."""
-        with self.life.lock:
-            older = [f for n, f in sorted(self._in_flight.items()) if n < future.number and f.world is future.world]
-        for call in older:
-            try:
-                call.result(self.config.survivor_timeout)
-            except (RaydistError, TimeoutError):
-                pass  # its own reader gets its ending; here it only had to come first
-
-    def _after_failure(self, error: RaydistError, future: WorkerFuture, waited: Waited) -> None:
-        """Do what the policy says after a failed call: restart warm, or fresh, or stop.
-
-        A failure is its world's: with several calls in flight, the first
-        failure decided under the lock restarts the world (a warm restart
-        claims RESTARTING in the same step), and a call of a world already
-        replaced, read after it in any order or thread, ends as that
-        restart says (``Action.CONTINUE``). A newer call queued on the old
-        ranks runs before their teardown, which queues behind it."""
-        life = self.life
-        with life.lock:
-            # Another call of this world may be restarting it: its outcome is this call's too.
-            life.changed.wait_for(lambda: life.phase not in (GroupPhase.RESTARTING, GroupPhase.STARTING))
-            replaced = self.world is not future.world
-            decision = Decision(Action.RAISE)  # a run shutting down ends the call
-            if not life.closing:
-                decision = self.attempts.decide(error, self.holdings, started=True, world_replaced=replaced)
-                if decision.action is Action.WARM:
-                    life.move(GroupPhase.RESTARTING)  # claimed with the decision: one restart for one failure
-        if decision.action is Action.CONTINUE:
-            error.note_restarted_in_place(self.attempts.number)
-            return
-        if decision.action is Action.WARM and self._restart_warm(decision, error, future, waited):
-            error.note_restarted_in_place(self.attempts.number)
-            return
-        if decision.restarts and self.attempts.fresh_restarts and not replaced:
-            self._restart_fresh(decision, error, future, waited)
-            return
-        if isinstance(error, WorkerGroupError) and not life.closing:
-            self._ended_by = (future.world, error)  # the calls of its world read after the stop end with it
-        self.stop(CallEnd.SHUT_DOWN, settle=(future.number, waited))  # peers stuck in a collective need not wait
-
-    def _restart_warm(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> bool:
-        """Replace the failed ranks in place (``restart.WarmRestart``), the run
-        in RESTARTING (claimed with the decision); False: it could not."""
-        life, holdings, old = self.life, self.holdings, future.world
-        assert holdings is not None and old is not None
-        try:
-            restarted = WarmRestart(life, self._builder, holdings, self.config).run(old, future.refs, waited, future.number)
-        except BaseException:  # interrupted (Ctrl-C): no call may wait on a world that never comes
-            self.stop(CallEnd.SHUT_DOWN)
-            raise
-        with life.lock:
-            if restarted is None or life.phase is not GroupPhase.RESTARTING:
-                if restarted is not None:
-                    restarted[0].end()
-                return False
-            self.world = restarted[0]
-            self.attempts.count(decision, error, old.size)
-            life.move(GroupPhase.RUNNING)
-        logger.warning(restarted[1])
+    # -- the end -----------------------------------------------------------
+    def _cancel(self, future: WorkerFuture) -> bool:
+        self._end_calls()  # a call whose ranks are all back is not cancelled
+        if future.ended or self.life.closing:
+            return False
+        self.stop(CallEnd.CANCELLED)
         return True
 
-    def _restart_fresh(self, decision: Decision, error: RaydistError, future: WorkerFuture, waited: Waited) -> None:
-        """Tear the attempt down and start the next one in new processes (larger, for a growth)."""
-        old = self.world
-        if not self.life.move_if(GroupPhase.RUNNING, GroupPhase.STARTING):
-            return  # a shutdown began meanwhile: it stops everything
-        assert old is not None and self.holdings is not None
-        old.stop_watching()
-        self.holdings.release(graceful=False)
-        old.close_output(future.number, waited.results, waited.marked_failures)
-        self._builder.restart(list(dict.fromkeys(w.node_id for w in old.workers)))  # surviving nodes keep their ranks
-        self.attempts.count(decision, error, old.size)
-        self._start(error)
+    def _interrupted(self, event: Interrupt) -> None:
+        future = event.future
+        try:
+            if future is not None and not future.ended and not self.life.closing:
+                forward_signal(self.cluster, future.world, event.signum, future, self.config.shutdown_timeout)
+        finally:
+            self.stop(CallEnd.SHUT_DOWN)
 
-    def grow(self, cause: CallEnd = CallEnd.GROW) -> None:
-        """The cluster has room for more workers: a run stops this attempt's
-        world (its call ends, and the policy restarts it larger); a WorkerGroup stops."""
-        if not self.attempts.fresh_restarts:
-            return self.stop(cause)
-        with self.life.lock:
-            if self.life.phase is not GroupPhase.RUNNING or self.holdings is None:
-                return
-            self._grow = True
-        self.holdings.release(graceful=False)  # the call's ranks die; finish() sees a growth
-
-    # -- the end -----------------------------------------------------------
     def stop(self, cause: CallEnd, graceful: bool = False, settle: Optional[Tuple[int, Waited]] = None) -> None:
-        """End the run for ``cause``; ``settle``: a failed call's output to wait for once the ranks are dead."""
-        first = self.life.stop(cause)  # never waits on a restart: it holds the lock only between its steps
-        with self.life.lock:
-            self._in_flight.clear()  # no call ends another once the run stops
+        """End the run for ``cause`` (the loop only); ``settle``: a failed call's
+        output to wait for once the ranks are dead. Every call still in flight
+        ends with the stop; a call every rank had finished keeps its values."""
+        if not self.life.stop(cause):
+            return
         world, holdings = self.world, self.holdings
         if world is not None:
             world.stop_watching()  # kept: what it saw explains the failure
         if self.cluster.session() == self.session:
             if holdings is not None:
-                holdings.release(graceful and first)
+                holdings.release(graceful)
             self._state.release(self.cluster)  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         self.summary.ended(cause.value)
+        endings = []
+        for number in sorted(self._in_flight):
+            future = self._in_flight.pop(number)
+            if self.cluster.session() == self.session:
+                future.wait.take(grace=0.0)
+            endings.append((future, *ending_of(future, cause, self.config.timeout)))
         if world is not None:
-            number, waited = settle if settle is not None else (None, Waited([]))
-            world.close_output(number, waited.results, waited.marked_failures)
+            settled, waited = settle if settle is not None else (None, Waited([]))
+            world.close_output(settled, waited.results, waited.marked_failures)
         self.life.close()
+        self._closed.set()
+        for future, values, error in endings:
+            future.end(values, error)
 
     # -- what the run is ---------------------------------------------------
     def held_resources(self) -> Any:
@@ -307,11 +424,23 @@ class RunController:
     def check_usable(self) -> None:
         self.check_session()
         if self.life.closing:
-            raise WorkerGroupClosed("this WorkerGroup has been shut down")
+            raise WorkerGroupClosed(CLOSED)
 
     def check_session(self) -> None:
         if self.cluster.session() != self.session:
             raise WorkerGroupClosed(SESSION_GONE)
+
+
+def _news(wait: CallWait, loop: LoopRunner) -> None:
+    """One of a call's ranks is back (the cluster's thread): noted, and the loop woken."""
+    wait.news()
+    loop.wake()
+
+
+def _end_all(calls: List[WorkerFuture], error: RaydistError) -> None:
+    """End ``calls`` with ``error``: the first with it, each later one with its own copy."""
+    for index, call in enumerate(calls):
+        call.end(error=error if index == 0 else copy.copy(error))
 
 
 def run_call(run: RunController, call: bytes, data: Optional[CallData] = None) -> RunResults:
@@ -326,7 +455,6 @@ def run_call(run: RunController, call: bytes, data: Optional[CallData] = None) -
             except RaydistError as error:
                 if not run.attempts.restarted_after(error):
                     run.summary.ended(error.end.value if error.end else type(error).__name__)
-                    error.note_summary(run.summary)
-                    raise
+                    raise error.with_summary(run.summary) from None
     finally:
-        run.stop(CallEnd.SHUT_DOWN, graceful=True)
+        run.shutdown(graceful=True)

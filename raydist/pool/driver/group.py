@@ -2,9 +2,9 @@
 
 A facade over a ``RunController`` (``raydist.pool.driver.controller``) that
 may restart in place but never starts a new attempt itself: its threads'
-calls, futures, phase and workers. Calls are one round trip, sent to every
-rank under the phase's short lock, so calls from several threads run in the
-same order on every rank and their collectives cannot pair across calls."""
+calls, futures, phase and workers. Every call is sent by the run's one
+control loop, so calls from several threads run in the same order on every
+rank and their collectives cannot pair across calls."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from raydist.pool.driver.controller import RunController
 from raydist.pool.driver.datasets import CallData, check_datasets
 from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.world import Attachment
-from raydist.pool.records import CallEnd, GroupPhase, Placement, WorkerInfo
+from raydist.pool.records import GroupPhase, Placement, WorkerInfo
 from raydist.pool.rules.datasets import DataConfig
 from raydist.pool.rules.stragglers import Straggler
 
@@ -175,7 +175,7 @@ class WorkerGroup:
         from any thread; a call after an interrupted one finishes its work.
         Never starts a Ray (after ``ray.shutdown()`` the workers are gone with it).
         """
-        self._run.stop(CallEnd.SHUT_DOWN, graceful)
+        self._run.shutdown(graceful)
 
     def __enter__(self) -> "WorkerGroup":
         return self

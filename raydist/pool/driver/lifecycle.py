@@ -57,13 +57,13 @@ class Lifecycle:
         return self.phase in (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED)
 
 
-def weak_stopper(stop: Callable[[CallEnd], Any], cause: CallEnd) -> Callable[[], None]:
-    """``stop(cause)`` for a watcher to call, holding ``stop``'s group weakly."""
-    ref = weakref.WeakMethod(stop)
+def weakly(method: Callable[[], Any]) -> Callable[[], None]:
+    """``method()`` for a watcher to call, holding its object weakly (a run dropped without shutdown() is still freed)."""
+    ref = weakref.WeakMethod(method)
 
-    def stop_for_cause() -> None:
+    def call() -> None:
         alive = ref()
         if alive is not None:
-            alive(cause)
+            alive()
 
-    return stop_for_cause
+    return call

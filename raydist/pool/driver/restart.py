@@ -22,13 +22,11 @@ from typing import Any, Callable, Collection, List, Optional, Sequence, Set, Tup
 from raydist.config import RunConfig
 from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
-from raydist.pool.driver.lifecycle import Lifecycle
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.timeline_events import late_results, world_ready
 from raydist.pool.driver.waiting import Waited
 from raydist.pool.driver.world import World
-from raydist.pool.records import GroupPhase
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
 
 logger = logging.getLogger("raydist")
@@ -52,31 +50,30 @@ class RestartAborted(RuntimeError):
 
 @dataclass
 class WarmRestart:
-    """Replaces a failed call's ranks in place, for a run in ``RESTARTING``."""
+    """Replaces a failed call's ranks in place, for a run in ``RESTARTING``
+    (``stopping``: whether a stop was asked meanwhile; asked between the slow steps)."""
 
-    life: Lifecycle
     builder: GroupBuilder
     holdings: Holdings
     config: RunConfig
+    stopping: Callable[[], bool]
 
     def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Optional[Tuple[World, str]]:
         """The next world after ``world``'s call ``call`` failed as ``waited``
         says, and the line that says what was done; None when a shutdown began
-        meanwhile or the restart failed (then logged, and the phase back to
-        RUNNING for the teardown or fresh start after it)."""
-        try:  # the slow waits run without the lock: shutdown() and cancel() never wait on them
+        meanwhile or the restart failed (then logged; the fresh start or
+        the stop after it releases what it made)."""
+        try:
             return self._replace(world, refs, waited, call)
         except RestartAborted:
-            return None  # the teardown after it releases what the restart made
+            return None
         except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
             logger.error("raydist: warm restart failed (%s: %s)", type(failure).__name__, failure)
-            self.life.move_if(GroupPhase.RESTARTING, GroupPhase.RUNNING)
             return None
 
     def live(self) -> None:
-        """Raise ``RestartAborted`` once a shutdown began; asked between the
-        slow steps, which hold no lock."""
-        if self.life.phase is not GroupPhase.RESTARTING:
+        """Raise ``RestartAborted`` once a stop was asked; asked between the slow steps."""
+        if self.stopping():
             raise RestartAborted("the group was shut down during its warm restart")
 
     def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Tuple[World, str]:
@@ -105,7 +102,7 @@ class WarmRestart:
         builder.restart(plan.node_order)
         spare_pids = {holdings.spares.ready[i].placement.pid for i in plan.spares}
         new = _join(builder, holdings, world, plan, world.attempt + 1)
-        if self.life.phase is not GroupPhase.RESTARTING:
+        if self.stopping():
             new.end()  # (its actors are held: the teardown after the abort kills them)
             raise RestartAborted("the group was shut down during its warm restart")
         holdings.agents.start([w.node_id for w in new.workers])  # a replacement on a node new to the group

@@ -175,8 +175,8 @@ class GroupBuilder:
             holdings.release(graceful=False)
         self._hooks.stop()
 
-    def reserve(self) -> Holdings:
-        """The placement group for the group's workers and spares."""
+    def reserve(self, stopping: Callable[[], bool] = lambda: False) -> Holdings:
+        """The placement group for the group's workers and spares (``stopping``: the run was asked to stop meanwhile)."""
         config, cluster = self.config, self._cluster
         alive = cluster.alive_nodes()
         nodes = selection.matching(alive) if (selection := NodeSelection.of(config)).active else alive
@@ -195,7 +195,7 @@ class GroupBuilder:
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
         asked = cluster.time()
-        pg, size = cluster.reserve(request, config.startup_timeout)
+        pg, size = cluster.reserve(request, config.startup_timeout, stopping)
         self.timeline.span("waiting for placement", "placement", asked, cluster.time(), workers=size * request.per_bundle)
         agents = NodeAgents(cluster, cluster.driver_node())
         pool = SparePool(cluster, spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)

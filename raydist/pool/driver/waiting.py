@@ -98,6 +98,44 @@ def wait_for_ranks(
     return waited
 
 
+class CallWait:
+    """A call's ranks as they come back, read on each turn of the run's loop
+    (``take``, which never blocks but for ``grace`` after a failure)."""
+
+    def __init__(
+        self, cluster: Cluster, refs: Sequence[Pending], workers: Sequence[WorkerInfo], actors: Sequence[Any], deadline: Optional[float]
+    ):
+        self._cluster, self._workers, self._actors = cluster, workers, actors
+        self.deadline = deadline  # the group's timeout for the call (on the cluster's clock), if any
+        self._pending: Dict[Pending, int] = {ref: rank for rank, ref in enumerate(refs)}
+        self.waited = Waited(results=[None] * len(refs))
+        self._news = False  # a rank's call ended since the last read (``Cluster.when_ended``)
+
+    def news(self) -> None:
+        """A rank's call ended (the cluster's thread: only noted)."""
+        self._news = True
+
+    def due(self) -> bool:
+        """Whether a read may end the call: a rank came back, or the deadline passed."""
+        return self._news or (self.deadline is not None and self._cluster.monotonic() >= self.deadline)
+
+    def take(self, grace: float = FAILURE_GRACE_S) -> bool:
+        """Read the ranks that came back; whether the call ended: every rank
+        back, a rank failed (then ``grace`` for the others' failures), or the
+        deadline passed (then ``waited.pending`` names the ranks still running)."""
+        cluster, pending = self._cluster, self._pending
+        self._news = False
+        if pending:
+            ready = cluster.wait(list(pending), num_returns=len(pending), timeout=0)[0]
+            _take(cluster, ready, pending, self.waited, self._workers, self._actors)
+        if self.waited.failures and pending:
+            ready = cluster.wait(list(pending), num_returns=len(pending), timeout=grace)[0]
+            _take(cluster, ready, pending, self.waited, self._workers, self._actors)
+        self.waited.pending = sorted(pending.values())
+        timed_out = self.deadline is not None and cluster.monotonic() >= self.deadline
+        return not pending or bool(self.waited.failures) or timed_out
+
+
 def _take(
     cluster: Cluster,
     ready: List[Pending],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Collection, Optional, Sequence
+from typing import Collection, Optional, Sequence, Tuple
 
 from raydist.errors import RaydistError, WorkerFailure, WorkerGroupError, root_cause
 from raydist.pool.records import CallEnd
@@ -56,7 +56,6 @@ class Action(enum.Enum):
     FRESH = "fresh"  # tear the attempt down and start the next one in new processes
     RESIZE = "resize"  # the same, larger: the cluster has room for more workers
     RAISE = "raise"  # the run ends with the error
-    CONTINUE = "continue"  # nothing to do: the failed call's world was already replaced (another call of it failed first)
 
 
 @dataclass(frozen=True)
@@ -70,9 +69,8 @@ class Facts:
     warm_restarts: bool  # the run restarts in place where it can (restart_mode="warm")
     node_layout: bool  # torchrun's node layout: a restart replaces whole nodes, so it starts afresh
     fresh_allowed: bool  # the run may start new attempts (raydist.run, raydist run); a WorkerGroup raises instead
-    # The failed call's world was already replaced: another call in flight on it failed, and the run
-    # restarted for that failure (a failure is its world's: every call in flight on it ends with it).
-    world_replaced: bool = False
+    warm_failed: bool = False  # a warm restart for this failure was tried and could not finish
+    stopping: bool = False  # a stop (shutdown, cancel, Ctrl-C) was asked meanwhile: the run ends
 
 
 @dataclass(frozen=True)
@@ -90,20 +88,20 @@ class Decision:
 
 
 def decide(error: BaseException, facts: Facts) -> Decision:
-    """What the run does after ``error``: asked once per failure, by the run's
-    controller (``raydist.pool.driver.controller``), and nothing else decides.
+    """What the run does after ``error``: asked by the run's control loop
+    (``raydist.pool.driver.controller``) once per failure, and once more when
+    the warm restart it chose could not finish; nothing else decides.
 
     A preemption and a growth are not counted against ``max_restarts``; a
     dead rank or a lost node are; code that raised only with
     ``retry_on_exception``. Time-outs, cancellations and shut-downs end the
     run. A restart is warm when the run restarts in place, its attempt had
-    started and no node layout binds whole nodes; otherwise it starts afresh
-    where the run may, else raises. A failure of a world that a restart
-    already replaced (two calls in flight, the other read first) asks for
-    nothing more: the run goes on, whichever call was read first.
+    started, no node layout binds whole nodes and no warm restart for this
+    failure failed already; otherwise it starts afresh where the run may,
+    else raises. A run asked to stop meanwhile ends.
     """
-    if facts.world_replaced:
-        return Decision(Action.CONTINUE)
+    if facts.stopping:
+        return Decision(Action.RAISE)
     end = error.end if isinstance(error, RaydistError) else None
     reason = _reason(end, error, facts.retry_on_exception)
     if reason is None:
@@ -113,16 +111,23 @@ def decide(error: BaseException, facts: Facts) -> Decision:
         return Decision(Action.RAISE, why_not="the driver's node is being drained: no restart; run the driver on a node that stays")
     if reason.counted and facts.restarts_left <= 0:
         return Decision(Action.RAISE)
-    if reason.kind == "scale-up":  # a larger placement: a fresh start
-        return Decision(Action.RESIZE if facts.fresh_allowed else Action.RAISE, reason)
-    if facts.started and facts.warm_restarts and not facts.node_layout:
+    if facts.started and facts.warm_restarts and not facts.node_layout and not facts.warm_failed:
         return Decision(Action.WARM, reason)
     return Decision(Action.FRESH if facts.fresh_allowed else Action.RAISE, reason)
 
 
+def scale_to(size: int, more: int, sizes: Optional[Tuple[int, int]], fresh_allowed: bool) -> Optional[int]:
+    """The size to restart a running world of ``size`` at, now that the
+    cluster has room for ``more`` workers (``restart_to_grow``): up to the
+    elastic maximum; None to stay (no room, no elastic size, at the maximum,
+    or a ``WorkerGroup``, which starts no new attempt). Growth is not a
+    failure: it is charged to no restart budget."""
+    if not fresh_allowed or sizes is None or more <= 0 or size >= sizes[1]:
+        return None
+    return min(sizes[1], size + more)
+
+
 def _reason(end: Optional[CallEnd], error: BaseException, retry_on_exception: bool) -> Optional[RestartReason]:
-    if end is CallEnd.GROW:
-        return RestartReason("scale-up", str(error), counted=False)
     if not isinstance(error, WorkerGroupError) or end not in (CallEnd.DRAINED, CallEnd.NODE_LOST, CallEnd.RANK_FAILED):
         return None
     root = error.root_cause

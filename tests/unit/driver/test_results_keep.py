@@ -114,7 +114,7 @@ def every_public_error() -> List[BaseException]:
 @pytest.mark.parametrize("error", every_public_error(), ids=lambda error: type(error).__name__)
 def test_every_public_error_comes_back_equal(error: BaseException, keep: str) -> None:
     if isinstance(error, RaydistError):
-        error.note_summary(RunSummary())
+        error = error.with_summary(RunSummary())
     kept = KEEPS[keep](error)
     assert fields(kept) == fields(error) and str(kept) == str(error)
     assert pickle.loads(pickle.dumps(FAILURE)) == FAILURE == copy.deepcopy(FAILURE)

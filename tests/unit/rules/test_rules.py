@@ -13,14 +13,14 @@ import pytest
 from raydist.config import RunConfig, reserved_env_vars
 from raydist.core.accelerators import BY_NAME, CPU
 from raydist.core.environment import USER_DEFAULT_VARS
-from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupStopped, WorkerGroupTimeout, WorkerStartupTimeout
+from raydist.errors import WorkerFailure, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.records import PHASE_TRANSITIONS, CallEnd, ClusterNode, GroupPhase, Outcome, WorkerInfo, check_transition
 from raydist.pool.rules.explain import NODE_LOST_TEXT
 from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
-from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide
+from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide, scale_to
 from raydist.pool.rules.sizing import DATA_CPUS_LABEL, default_num_workers, infeasibility, resolve_accelerator, worker_bundle
 
 GPU = BY_NAME["gpu"]
@@ -172,10 +172,6 @@ def test_the_restart_policy_for_every_way_a_call_ends(end: CallEnd, how: str, pl
         decision = decide(error, facts(retry_on_exception=retry))
         assert (decision.reason.kind if decision.reason else None) == expected, (end, retry)
         assert decision.restarts == (expected is not None)
-    grow = WorkerGroupStopped("room for 2")
-    grow.end = CallEnd.GROW
-    assert decide(grow, facts(restarts_left=0)).action is Action.RESIZE  # a growth is not counted
-    assert decide(grow, facts(fresh_allowed=False)).action is Action.RAISE  # a WorkerGroup cannot grow itself
     assert decide(WorkerStartupTimeout(1.0, "started", 2, []), facts(retry_on_exception=True)).action is Action.RAISE
 
 
@@ -200,8 +196,9 @@ def facts(**changed: Any) -> Facts:
         ({"warm_restarts": False}, Action.FRESH),  # restart_mode="fresh"
         ({"node_layout": True}, Action.FRESH),  # whole nodes are replaced
         ({"node_layout": True, "fresh_allowed": False}, Action.RAISE),  # a WorkerGroup does not start afresh
-        ({"world_replaced": True}, Action.CONTINUE),  # another call of its world failed first: the restart for it stands
-        ({"world_replaced": True, "restarts_left": 0}, Action.CONTINUE),  # and costs nothing more
+        ({"warm_failed": True}, Action.FRESH),  # the warm restart could not finish: a run starts afresh, counted once
+        ({"warm_failed": True, "fresh_allowed": False}, Action.RAISE),  # a WorkerGroup starts no new attempt
+        ({"stopping": True}, Action.RAISE),  # a stop was asked meanwhile: the run ends
         ({"restarts_left": 0}, Action.RAISE),
         ({"driver_node": "n" * 16}, Action.RAISE),  # the driver's own node drains (for a preemption)
     ],
@@ -258,13 +255,26 @@ def test_code_that_raised_restarts_only_with_retry_on_exception() -> None:
     assert decision.reason is not None and decision.reason.detail == "rank 0: ValueError: bad batch"
 
 
-def test_preemption_and_growth_are_not_counted() -> None:
+def test_a_preemption_is_not_counted() -> None:
     drained = group_error(CallEnd.DRAINED, failure(0, died="killed"), preempted=("a" * 16,))
-    grow = WorkerGroupStopped("room for 2 more")
-    grow.end = CallEnd.GROW
-    for error in (drained, grow):
-        decision = decided(error, left=0)
-        assert decision.reason is not None and not decision.reason.counted
+    decision = decided(drained, left=0)
+    assert decision.reason is not None and not decision.reason.counted
+
+
+@pytest.mark.parametrize(
+    ("size", "more", "sizes", "fresh_allowed", "target"),
+    [
+        (2, 2, (2, 4), True, 4),  # room for two more: up to the maximum
+        (2, 5, (2, 4), True, 4),  # never past it
+        (3, 1, (2, 4), True, 4),
+        (4, 2, (2, 4), True, None),  # at the maximum already
+        (2, 0, (2, 4), True, None),  # no room
+        (2, 2, None, True, None),  # a fixed size does not grow
+        (2, 2, (2, 4), False, None),  # a WorkerGroup starts no new attempt: it stays as it is
+    ],
+)
+def test_the_scaling_rule_says_the_size_to_grow_to(size: int, more: int, sizes: Any, fresh_allowed: bool, target: Optional[int]) -> None:
+    assert scale_to(size, more, sizes, fresh_allowed) == target
 
 
 def test_a_drain_of_the_drivers_own_node_is_not_restarted_and_says_why() -> None:
@@ -286,7 +296,7 @@ RESTARTS_BY_END = {
     CallEnd.RANK_FAILED: (False, True),  # code that raised; a dead process restarts either way (above)
     CallEnd.NODE_LOST: (True, True),
     CallEnd.DRAINED: (True, True),
-    CallEnd.GROW: (True, True),
+    CallEnd.GROW: (False, False),  # growth is not a failure: the scaling rule decides it (scale_to)
     CallEnd.TIMED_OUT: (False, False),  # as the README says: a timeout= is never restarted
     CallEnd.CANCELLED: (False, False),
     CallEnd.SHUT_DOWN: (False, False),
