@@ -58,7 +58,7 @@ class VirtualClock:
         self._lock = threading.Lock()
         self._interrupted = False
         self._running = 0  # functions running now (each on its thread, joined by a waiting thread)
-        self._done_running = threading.Condition()
+        self._done_running = threading.Condition(self._lock)
         self._parked: List[Callable[[], None]] = []  # each waiting user's thread's Ctrl-C handler, oldest first
 
     def interrupt(self) -> None:
@@ -102,6 +102,8 @@ class VirtualClock:
         """Until ``settled()`` or ``deadline``: ``step()``, the functions due, and time moving on.
         ``waiting_for()`` names what the engine waits for, should it wait forever."""
         while True:
+            if self._wait_for_other_driver():
+                continue  # nothing else moves while another waiting thread runs a function
             self._run_actions()
             self._deliver_interrupt()
             if settled():  # before anything more runs: a user's thread goes on as soon as its answer came
@@ -134,7 +136,7 @@ class VirtualClock:
         moves nor does the engine count as stuck meanwhile."""
         if in_action():
             return False
-        with self._done_running:
+        with self._lock:
             if not self._running:
                 return False
             self._done_running.wait(ACTION_LIMIT_S)
@@ -162,14 +164,13 @@ class VirtualClock:
                 if not self._actions:
                     return
                 action = self._actions.pop(0)
+                self._running += 1  # with the pop: no other waiting thread moves on meanwhile
             thread = threading.Thread(target=action, name=ACTION_THREAD, daemon=True)
-            with self._done_running:
-                self._running += 1
             try:
                 thread.start()
                 thread.join(timeout=ACTION_LIMIT_S)
             finally:
-                with self._done_running:
+                with self._lock:
                     self._running -= 1
                     self._done_running.notify_all()
             if thread.is_alive():
