@@ -5,7 +5,7 @@ test``, all in ``make soak``). Where the two differ, the fake is wrong.
 
 A scenario is what the user does (``raydist.run``, or a ``WorkerGroup`` with
 calls in flight read in a given order, a ``shutdown()`` or ``cancel()`` from
-another thread) and what goes wrong in the ranks (``Step``s). Code that
+another thread, Ctrl-C) and what goes wrong in the ranks (``Step``s). Code that
 raises or exits is the user's function on both sides; a rank that dies or
 hangs is a ``Fault`` on the fake and ``os._exit`` / a long sleep on Ray.
 The ending every side must give (``Ending``) is written out, so both are
@@ -56,7 +56,7 @@ class Scenario:
     group: bool = False  # a WorkerGroup (else raydist.run)
     calls: int = 1  # sent before any is read (a WorkerGroup)
     read_order: Tuple[int, ...] = (0,)
-    other_thread: Optional[str] = None  # "shutdown" or "cancel", once rank 0 is in the first call
+    other_thread: Optional[str] = None  # "shutdown", "cancel" or "interrupt" (Ctrl-C), once rank 0 is in the first call
     phase: str = "closed"  # the group's phase after the calls were read
     restart_count: int = 0  # a WorkerGroup's attempt after the calls
     in_make_test: bool = False  # the live side runs in `make test` (else in soak)
@@ -136,6 +136,8 @@ SCENARIOS: List[Scenario] = [
         in_make_test=True,
     ),
     Scenario("a cancel from another thread", (Step("hang", 1),), (Ending("WorkerCallCancelled"),), group=True, other_thread="cancel"),
+    # Ctrl-C lands in the thread that reads; the call itself ends with the stop (read again: WorkerGroupClosed).
+    Scenario("Ctrl-C while a call runs", (Step("hang", 1),), (Ending("KeyboardInterrupt"),), group=True, other_thread="interrupt"),
 ]
 
 

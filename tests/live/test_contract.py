@@ -7,6 +7,7 @@ in ``make soak``."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Any, List, Optional
@@ -26,18 +27,25 @@ ray.cloudpickle.register_pickle_by_value(contract_scenarios)  # the workers need
 def read(future: Any) -> Any:
     try:
         return future.result()
-    except raydist.RaydistError as error:
+    except (raydist.RaydistError, KeyboardInterrupt) as error:
         return error
 
 
 def act_once_rank_0_runs(scenario: Scenario, marks: Path, group: raydist.WorkerGroup, futures: List[Any]) -> Optional[threading.Thread]:
-    """Another thread's shutdown() or cancel(), once rank 0 is in the first call."""
+    """Another thread's shutdown() or cancel(), or Ctrl-C (SIGINT to the reading
+    main thread), once rank 0 is in the first call."""
     if scenario.other_thread is None:
         return None
+    assert threading.current_thread() is threading.main_thread()  # where Ctrl-C lands
 
     def act() -> None:
         wait_for(lambda: (marks / "call-0.started").exists(), 60, "rank 0 in its call")
-        group.shutdown() if scenario.other_thread == "shutdown" else futures[0].cancel()
+        if scenario.other_thread == "interrupt":
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        elif scenario.other_thread == "shutdown":
+            group.shutdown()
+        else:
+            futures[0].cancel()
 
     thread = threading.Thread(target=act)
     thread.start()
@@ -65,6 +73,8 @@ def test_each_scenario_ends_as_on_the_fake(scenario: Scenario, tmp_path: Path) -
         outcomes[index] = read(futures[index])
     if other is not None:
         other.join(timeout=60)
+    if scenario.other_thread == "interrupt":  # the call itself ended with the stop
+        assert isinstance(read(futures[0]), raydist.WorkerGroupClosed)
     assert tuple(ending_of(outcome) for outcome in outcomes) == scenario.endings, outcomes
     assert (group.phase.value, group.restart_count) == (scenario.phase, scenario.restart_count)
     group.shutdown()

@@ -287,7 +287,11 @@ class RunController:
         old, holdings = calls[0].world, self.holdings
         assert holdings is not None
         self.life.move(GroupPhase.RESTARTING)
-        restarted = WarmRestart(self._builder, holdings, self.config, self._stop_requested).run(old, calls[0].refs, waited, calls[0].number)
+        config = self.config
+        restart = WarmRestart(
+            self._builder, holdings, self._stop_requested, config.survivor_timeout, config.startup_timeout, config.worker_range
+        )
+        restarted = restart.run(old, calls[0].refs, waited, calls[0].number)
         if restarted is None:
             self.life.move(GroupPhase.RUNNING)  # for the fresh start or the stop after it
             return False

@@ -19,7 +19,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, List, Optional, Sequence, Set, Tuple
 
-from raydist.config import RunConfig
 from raydist.errors import InfeasibleResourcesError
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
 from raydist.pool.driver.seats import as_placement, free_seats
@@ -55,8 +54,10 @@ class WarmRestart:
 
     builder: GroupBuilder
     holdings: Holdings
-    config: RunConfig
     stopping: Callable[[], bool]
+    survivor_timeout: float  # seconds a survivor's call may take to come back after the failure
+    startup_timeout: float  # seconds to wait for seats for the replacements
+    sizes: Optional[Tuple[int, int]]  # the elastic size range (None: the world's size is fixed)
 
     def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Optional[Tuple[World, str]]:
         """The next world after ``world``'s call ``call`` failed as ``waited``
@@ -77,18 +78,18 @@ class WarmRestart:
             raise RestartAborted("the group was shut down during its warm restart")
 
     def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Tuple[World, str]:
-        builder, holdings, config, live = self.builder, self.holdings, self.config, self.live
+        builder, holdings, live = self.builder, self.holdings, self.live
         cluster = holdings.cluster
         failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
         old = list(world.workers)
         lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
         leaving = lost | set(world.drained)
         world.stop_watching()  # nothing may read or warn a half-changed world
-        deadline = failed_at + config.survivor_timeout
+        deadline = failed_at + self.survivor_timeout
         settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, deadline, live)
         world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
         late_results(world, settled.late)
-        plan = _plan(holdings, world, settled, leaving, config, live)
+        plan = _plan(holdings, world, settled, leaving, self.sizes, self.startup_timeout, live)
         live()
         doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
         for actor in doomed + holdings.spares.drop_on(leaving):
@@ -111,7 +112,7 @@ class WarmRestart:
         cluster.record("raydist_recovery_seconds", seconds, {})
         taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
         holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
-        return new, restart_summary(plan, old, len(old), len(new.workers), seconds, config.survivor_timeout)
+        return new, restart_summary(plan, old, len(old), len(new.workers), seconds, self.survivor_timeout)
 
 
 def settle_survivors(
@@ -169,17 +170,23 @@ def _outcome(cluster: Cluster, ref: Pending) -> Tuple[bool, Any]:
 
 
 def _plan(
-    holdings: Holdings, world: World, settled: Settled, leaving: Set[str], config: RunConfig, live: Callable[[], None]
+    holdings: Holdings,
+    world: World,
+    settled: Settled,
+    leaving: Set[str],
+    worker_range: Optional[Tuple[int, int]],
+    startup_timeout: float,
+    live: Callable[[], None],
 ) -> RestartPlan:
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
     InfeasibleResourcesError after ``startup_timeout``."""
     size = world.size
-    sizes = config.worker_range or (size, size)
+    sizes = worker_range or (size, size)
     sizes = (sizes[0], min(sizes[1], size))  # growing is restart_to_grow's job
     gone = settled.dead | set(settled.stuck)
     cluster = holdings.cluster
-    deadline = cluster.monotonic() + config.startup_timeout
+    deadline = cluster.monotonic() + startup_timeout
     while True:
         live()
         taken = {w.actor_index for w in world.workers if w.rank not in gone and w.node_id not in leaving}
@@ -198,7 +205,7 @@ def _plan(
         if cluster.monotonic() >= deadline:
             raise InfeasibleResourcesError(
                 f"warm restart: {plan.missing} more worker(s) needed for a world of at least {sizes[0]}, and "
-                f"no bundle of the group's placement group was free on a node that stays within {config.startup_timeout:g} s"
+                f"no bundle of the group's placement group was free on a node that stays within {startup_timeout:g} s"
             )
         cluster.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
 

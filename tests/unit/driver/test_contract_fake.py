@@ -11,7 +11,7 @@ import pytest
 from contract_scenarios import SCENARIOS, WORKERS, Scenario, behave, ending_of
 
 from raydist.config import RunConfig
-from raydist.errors import RaydistError
+from raydist.errors import RaydistError, WorkerGroupClosed
 from raydist.pool.driver.calls import WorkerFuture, prepare_call
 from raydist.pool.driver.controller import RunController, run_call
 from raydist.pool.driver.group import WorkerGroup
@@ -31,6 +31,8 @@ def faults_for(scenario: Scenario, futures: List[WorkerFuture], group: List[Work
         Fault("execute", step.kind, who=step.rank, nth=step.attempt + step.call) for step in scenario.steps if step.kind in ("die", "hang")
     ]
     act: Callable[[], Any]
+    if scenario.other_thread == "interrupt":
+        return [*faults, Fault("execute", "interrupt", who=0)]
     if scenario.other_thread == "shutdown":
         act = lambda: group[0].shutdown()  # noqa: E731
     elif scenario.other_thread == "cancel":
@@ -43,7 +45,7 @@ def faults_for(scenario: Scenario, futures: List[WorkerFuture], group: List[Work
 def read(future: Any) -> Any:
     try:
         return future.result()
-    except RaydistError as error:
+    except (RaydistError, KeyboardInterrupt) as error:
         return error
 
 
@@ -68,6 +70,8 @@ def test_each_scenario_ends_as_the_contract_says_on_the_fake(scenario: Scenario)
     for index in scenario.read_order:
         outcomes[index] = read(futures[index])
     assert tuple(ending_of(outcome) for outcome in outcomes) == scenario.endings
+    if scenario.other_thread == "interrupt":  # the call itself ended with the stop
+        assert isinstance(read(futures[0]), WorkerGroupClosed)
     assert (group.phase.value, group.restart_count) == (scenario.phase, scenario.restart_count)
     group.shutdown()
     assert cluster.leftovers() == []
