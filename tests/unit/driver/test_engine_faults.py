@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raydist.config import RunConfig
-from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
+from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed, WorkerGroupError, WorkerGroupTimeout, WorkerStartupTimeout
 from raydist.pool.driver.calls import prepare_call
 from raydist.pool.driver.controller import RunController, run_call
 from raydist.testing.fake import FakeCluster, Fault
@@ -432,3 +432,40 @@ def test_random_fault_schedules_keep_the_engines_promises(faults: List[Fault], m
         fault = cluster.faults.fired[0]
         if fault.kind in ("raise", "die") and fault.method in ("setup", "execute"):
             assert isinstance(outcome, Fails) and f"root cause: rank {fault.who} " in outcome.says, (fault, outcome)
+
+
+# A user's request from another thread at every moment a run has begun: a
+# shutdown() ends it (unless every rank's value came back first; the failure
+# it was restarting for, if any, is what the call raises), never waits on
+# what never comes, and leaves nothing behind.
+# (Ctrl-C at every moment is the table's "interrupt" column.)
+REQUESTS = [
+    (moment, mode)
+    for moment in MOMENTS
+    if moment not in ("starting", "initialising")  # no run to shut down yet: Ctrl-C only (the table's)
+    for mode in sorted(MODES)
+    if moment != "spare joining" or mode == "spare"
+]
+
+
+@pytest.mark.parametrize(("moment", "mode"), REQUESTS, ids=[f"{moment}-{mode}" for moment, mode in REQUESTS])
+def test_a_shutdown_from_another_thread_at_each_moment(moment: str, mode: str) -> None:
+    holder: List[RunController] = []
+    faults = [
+        Fault(method, chosen, who=who, nth=nth) if chosen else Fault(method, "act", who=who, nth=nth, action=lambda: holder[0].shutdown())
+        for method, chosen, who, nth in MOMENTS[moment]
+    ]
+    cluster = FakeCluster(NODES, faults)
+    config = RunConfig(flight_recorder=False, timeout=60, startup_timeout=30, **MODES[mode])
+    run = RunController(cluster, config, fresh_restarts=True)
+    holder.append(run)
+    try:
+        values: Any = run_call(run, prepare_call(cluster, current_rank))
+    except (WorkerGroupClosed, WorkerGroupError) as error:
+        values = error
+    if moment == "shutting down":
+        assert values == [0, 1, 2, 3]  # every rank's value was back before the teardown
+    else:  # the call's end may come first (its values), else the stop's, or the failure a restart was for
+        assert values == [0, 1, 2, 3] or isinstance(values, (WorkerGroupClosed, WorkerGroupError)), values
+    assert cluster.monotonic() < config.survivor_timeout + config.startup_timeout + 60  # never waits on what never comes
+    assert cluster.leftovers() == []
