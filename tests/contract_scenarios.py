@@ -28,7 +28,8 @@ TIMEOUT_S = 8.0  # the group's timeout, where a scenario hangs a rank
 @dataclass(frozen=True)
 class Step:
     """What rank ``rank`` does in its call number ``call`` (0: the first a world
-    gets) of attempt ``attempt``: "die", "hang", "raise" or "exit"."""
+    gets) of attempt ``attempt``: "die", "hang", "raise", "exit" or
+    "lose-node" (its node is taken away while it is in the call)."""
 
     kind: str
     rank: int
@@ -60,6 +61,7 @@ class Scenario:
     phase: str = "closed"  # the group's phase after the calls were read
     restart_count: int = 0  # a WorkerGroup's attempt after the calls
     in_make_test: bool = False  # the live side runs in `make test` (else in soak)
+    spread: bool = False  # one worker per node, a node to spare (else all on one node)
 
 
 def rank_failed(rank: int, restarted: bool = False) -> Ending:
@@ -136,6 +138,18 @@ SCENARIOS: List[Scenario] = [
         in_make_test=True,
     ),
     Scenario("a cancel from another thread", (Step("hang", 1),), (Ending("WorkerCallCancelled"),), group=True, other_thread="cancel"),
+    Scenario("a node lost, one restart", (Step("lose-node", 1),), (Ending("values", attempt=1),), {"max_restarts": 1}, spread=True),
+    Scenario("a node lost, no restart", (Step("lose-node", 1),), (rank_failed(1),), {"max_restarts": 0}, spread=True),
+    Scenario(
+        "a group's node lost, one restart",
+        (Step("lose-node", 1),),
+        (rank_failed(1, restarted=True),),
+        {"max_restarts": 1},
+        group=True,
+        phase="running",
+        restart_count=1,
+        spread=True,
+    ),
     # Ctrl-C lands in the thread that reads; the call itself ends with the stop (read again: WorkerGroupClosed).
     Scenario("Ctrl-C while a call runs", (Step("hang", 1),), (Ending("KeyboardInterrupt"),), group=True, other_thread="interrupt"),
 ]
@@ -171,6 +185,12 @@ def behave(steps: Sequence[Step], call: int, mark_dir: Optional[str] = None) -> 
         if step.kind == "die":
             os._exit(1)
         if step.kind == "hang":
+            time.sleep(HANG_S)
+        if step.kind == "lose-node":  # (on Ray: the test takes this rank's node away once it is written)
+            import ray
+
+            with open(os.path.join(mark_dir or ".", f"rank-{rank}.node"), "w") as mark:
+                mark.write(ray.get_runtime_context().get_node_id())
             time.sleep(HANG_S)
     return rank, attempt
 

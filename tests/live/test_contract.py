@@ -20,7 +20,7 @@ from contract_scenarios import SCENARIOS, WORKERS, Scenario, behave, ending_of
 
 import raydist
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+pytestmark = [pytest.mark.timeout(240)]
 ray.cloudpickle.register_pickle_by_value(contract_scenarios)  # the workers need not find tests/ on their path
 
 
@@ -52,14 +52,45 @@ def act_once_rank_0_runs(scenario: Scenario, marks: Path, group: raydist.WorkerG
     return thread
 
 
-@pytest.mark.parametrize(
-    "scenario", [pytest.param(s, marks=[] if s.in_make_test else [pytest.mark.soak]) for s in SCENARIOS], ids=lambda s: s.name
-)
-def test_each_scenario_ends_as_on_the_fake(scenario: Scenario, tmp_path: Path) -> None:
+def take_nodes_away(scenario: Scenario, marks: Path, cluster: Any) -> threading.Thread:
+    """Once a rank whose node a step takes away is in its call, remove that node (as a machine lost)."""
+    ranks = [step.rank for step in scenario.steps if step.kind == "lose-node"]
+
+    def act() -> None:
+        for rank in ranks:
+            mark = marks / f"rank-{rank}.node"
+            wait_for(mark.exists, 120, f"rank {rank} in its call")
+            node_id = mark.read_text()
+            cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id), allow_graceful=False)
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    return thread
+
+
+def param(scenario: Scenario) -> Any:
+    return pytest.param(scenario, marks=[] if scenario.in_make_test else [pytest.mark.soak])
+
+
+@pytest.mark.parametrize("scenario", [param(s) for s in SCENARIOS if not s.spread], ids=lambda s: s.name)
+def test_each_scenario_ends_as_on_the_fake(scenario: Scenario, tmp_path: Path, ray_local: None) -> None:
+    check_scenario(scenario, tmp_path)
+
+
+# A worker per node and a node to spare; the driver's node hosts none.
+@pytest.mark.nodes({"num_cpus": 0}, {"num_cpus": 1}, {"num_cpus": 1}, {"num_cpus": 1})
+@pytest.mark.parametrize("scenario", [param(s) for s in SCENARIOS if s.spread], ids=lambda s: s.name)
+def test_each_node_scenario_ends_as_on_the_fake(scenario: Scenario, cluster: Any, tmp_path: Path) -> None:
+    taker = take_nodes_away(scenario, tmp_path, cluster)
+    check_scenario(scenario, tmp_path)
+    taker.join(timeout=60)
+
+
+def check_scenario(scenario: Scenario, tmp_path: Path) -> None:
     options = dict(num_workers=WORKERS, accelerator="cpu", **scenario.options)
     if not scenario.group:
         try:
-            outcome: Any = raydist.run(behave, args=(scenario.steps, 0), **options)
+            outcome: Any = raydist.run(behave, args=(scenario.steps, 0, str(tmp_path)), **options)
         except raydist.RaydistError as error:
             outcome = error
         assert (ending_of(outcome),) == scenario.endings, outcome

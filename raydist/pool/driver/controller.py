@@ -291,7 +291,7 @@ class RunController:
         restart = WarmRestart(
             self._builder, holdings, self._stop_requested, config.survivor_timeout, config.startup_timeout, config.worker_range
         )
-        restarted = restart.run(old, calls[0].refs, waited, calls[0].number)
+        restarted = restart.run(old, calls[0].refs, waited, calls[0].number, self.attempts.number + 1)
         if restarted is None:
             self.life.move(GroupPhase.RUNNING)  # for the fresh start or the stop after it
             return False

@@ -59,13 +59,14 @@ class WarmRestart:
     startup_timeout: float  # seconds to wait for seats for the replacements
     sizes: Optional[Tuple[int, int]]  # the elastic size range (None: the world's size is fixed)
 
-    def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Optional[Tuple[World, str]]:
-        """The next world after ``world``'s call ``call`` failed as ``waited``
-        says, and the line that says what was done; None when a shutdown began
+    def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int, attempt: int) -> Optional[Tuple[World, str]]:
+        """The next world (numbered ``attempt``: the run's one counter says it)
+        after ``world``'s call ``call`` failed as ``waited`` says, and the line
+        that says what was done; None when a shutdown began
         meanwhile or the restart failed (then logged; the fresh start or
         the stop after it releases what it made)."""
         try:
-            return self._replace(world, refs, waited, call)
+            return self._replace(world, refs, waited, call, attempt)
         except RestartAborted:
             return None
         except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
@@ -77,7 +78,7 @@ class WarmRestart:
         if self.stopping():
             raise RestartAborted("the group was shut down during its warm restart")
 
-    def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int) -> Tuple[World, str]:
+    def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int, attempt: int) -> Tuple[World, str]:
         builder, holdings, live = self.builder, self.holdings, self.live
         cluster = holdings.cluster
         failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
@@ -102,7 +103,7 @@ class WarmRestart:
             cluster.kill(agent)
         builder.restart(plan.node_order)
         spare_pids = {holdings.spares.ready[i].placement.pid for i in plan.spares}
-        new = _join(builder, holdings, world, plan, world.attempt + 1)
+        new = _join(builder, holdings, world, plan, attempt)
         if self.stopping():
             new.end()  # (its actors are held: the teardown after the abort kills them)
             raise RestartAborted("the group was shut down during its warm restart")

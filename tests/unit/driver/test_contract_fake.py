@@ -18,6 +18,7 @@ from raydist.pool.driver.group import WorkerGroup
 from raydist.testing.fake import FakeCluster, Fault
 
 NODES = {"node-a": {"CPU": 4}}  # one machine, as the live tier's local Ray
+SPREAD = {"node-a": {"CPU": 1}, "node-b": {"CPU": 1}, "node-c": {"CPU": 1}}  # a worker per node, one to spare
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +29,9 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
 def faults_for(scenario: Scenario, futures: List[WorkerFuture], group: List[WorkerGroup]) -> List[Fault]:
     """The fake's faults: a rank that dies or hangs in its n-th call; another thread's act at rank 0's first call."""
     faults = [
-        Fault("execute", step.kind, who=step.rank, nth=step.attempt + step.call) for step in scenario.steps if step.kind in ("die", "hang")
+        Fault("execute", step.kind, who=step.rank, nth=step.attempt + step.call)
+        for step in scenario.steps
+        if step.kind in ("die", "hang", "lose-node")
     ]
     act: Callable[[], Any]
     if scenario.other_thread == "interrupt":
@@ -53,7 +56,7 @@ def read(future: Any) -> Any:
 def test_each_scenario_ends_as_the_contract_says_on_the_fake(scenario: Scenario) -> None:
     futures: List[WorkerFuture] = []
     holder: List[WorkerGroup] = []
-    cluster = FakeCluster(NODES, faults_for(scenario, futures, holder))
+    cluster = FakeCluster(SPREAD if scenario.spread else NODES, faults_for(scenario, futures, holder))
     config = RunConfig(num_workers=WORKERS, flight_recorder=False, **scenario.options)
     if not scenario.group:
         try:
