@@ -9,6 +9,7 @@ above the seam knows Ray's exception classes.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -102,8 +103,8 @@ class RayCluster:
                 left = None if deadline is None else deadline - time.monotonic()
                 if done.wait(SESSION_CHECK_S if left is None else max(0.0, min(left, SESSION_CHECK_S))):
                     return True
-                if not ray.is_initialized() or (left is not None and left <= SESSION_CHECK_S):
-                    return done.is_set()
+                if not ray.is_initialized() or sys.is_finalizing() or (left is not None and left <= SESSION_CHECK_S):
+                    return done.is_set()  # (at interpreter exit the loop's thread no longer runs)
         except KeyboardInterrupt:  # Ctrl-C interrupts the wait on the main thread
             on_interrupt()
             raise
