@@ -121,7 +121,7 @@ class RunController:
         first); returns once it is closed. Safe from any thread, and again
         (after ``ray.shutdown()`` too: there is nothing of Ray left to release)."""
         reply = self._post(Stop(cause, graceful))
-        if reply is not None:
+        if reply is not None and not self._loop.in_turn():  # (asked on the loop's own thread: its next turn stops the run)
             self._wait(reply.done, None)
 
     def _post(self, event: Event) -> Optional[Reply]:
