@@ -55,7 +55,7 @@ from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_
 from raydist.pool.driver.datasets import CallData, split_for_world
 from raydist.pool.driver.events import STOPPING, Cancel, Event, Interrupt, Reply, RoomFound, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
-from raydist.pool.driver.lifecycle import Lifecycle, weakly
+from raydist.pool.driver.lifecycle import Lifecycle, weakly, weakly_asks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import WarmRestart
@@ -97,6 +97,7 @@ class RunController:
             router_for(config, cluster),
             weakly(self._room_found),  # held weakly: a group dropped without shutdown() is freed
             extra_env=self._state.env(config, cluster),
+            stopping=weakly_asks(self._stop_requested),  # its waits give way to a stop asked meanwhile
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
@@ -131,8 +132,6 @@ class RunController:
             if not self._open:
                 return None
             self._inbox.append((event, reply))
-        if isinstance(event, STOPPING) and self.life.phase is GroupPhase.STARTING and self.holdings is not None:
-            self.holdings.release(graceful=False)  # the start in progress fails now instead of waiting for its workers
         self._loop.wake()
         return reply
 
@@ -359,7 +358,7 @@ class RunController:
         old = self.world
         if self.holdings is not None and old is not None:  # a fresh restart: what the last attempt held shows free first
             self.cluster.wait_released(self.holdings.held_resources(old.workers))
-        self.holdings = self._builder.reserve(self._stop_requested)  # held at once: a stop asked meanwhile releases it
+        self.holdings = self._builder.reserve()  # its waits, and the start's, give way to a stop asked meanwhile
         world = self._builder.build(self.holdings, self.attempts.number)
         if self._stop_requested():
             world.end()

@@ -67,3 +67,14 @@ def weakly(method: Callable[[], Any]) -> Callable[[], None]:
             alive()
 
     return call
+
+
+def weakly_asks(method: Callable[[], bool]) -> Callable[[], bool]:
+    """``method()`` for a slow step to ask, holding its object weakly (True once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def ask() -> bool:
+        alive = ref()
+        return True if alive is None else bool(alive())
+
+    return ask

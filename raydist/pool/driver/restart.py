@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, List, Optional, Sequence, Set, Tuple
 
-from raydist.errors import InfeasibleResourcesError
+from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
@@ -67,7 +67,7 @@ class WarmRestart:
         the stop after it releases what it made)."""
         try:
             return self._replace(world, refs, waited, call, attempt)
-        except RestartAborted:
+        except (RestartAborted, WorkerGroupClosed):  # a stop was asked meanwhile (a start-up wait gave way to it)
             return None
         except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
             logger.error("raydist: warm restart failed (%s: %s)", type(failure).__name__, failure)

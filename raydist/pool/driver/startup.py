@@ -138,6 +138,7 @@ class GroupBuilder:
         stop_group: Callable[[], None],
         node_order: Sequence[str] = (),
         extra_env: Optional[Mapping[str, str]] = None,
+        stopping: Callable[[], bool] = lambda: False,
     ):
         self.config = config
         self._cluster = cluster
@@ -149,6 +150,7 @@ class GroupBuilder:
         self._logs = logs
         self._router = router
         self._stop_group = stop_group  # what the drain watcher calls to stop the group to grow
+        self._stopping = stopping  # whether the run was asked to stop: a start-up wait gives way
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
 
@@ -175,8 +177,8 @@ class GroupBuilder:
             holdings.release(graceful=False)
         self._hooks.stop()
 
-    def reserve(self, stopping: Callable[[], bool] = lambda: False) -> Holdings:
-        """The placement group for the group's workers and spares (``stopping``: the run was asked to stop meanwhile)."""
+    def reserve(self) -> Holdings:
+        """The placement group for the group's workers and spares."""
         config, cluster = self.config, self._cluster
         alive = cluster.alive_nodes()
         nodes = selection.matching(alive) if (selection := NodeSelection.of(config)).active else alive
@@ -195,7 +197,7 @@ class GroupBuilder:
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares)
         asked = cluster.time()
-        pg, size = cluster.reserve(request, config.startup_timeout, stopping)
+        pg, size = cluster.reserve(request, config.startup_timeout, self._stopping)
         self.timeline.span("waiting for placement", "placement", asked, cluster.time(), workers=size * request.per_bundle)
         agents = NodeAgents(cluster, cluster.driver_node())
         pool = SparePool(cluster, spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
@@ -311,7 +313,7 @@ class GroupBuilder:
         """Wait for one start-up step on every worker, with progress if it is slow."""
         timeout = self.config.startup_timeout
         with progress(len(refs), f"raydist: workers {stage}") as bar:
-            waited = wait_for_ranks(self._cluster, refs, timeout, workers, bar, grace=STARTUP_FAILURE_GRACE_S)
+            waited = wait_for_ranks(self._cluster, refs, timeout, workers, bar, grace=STARTUP_FAILURE_GRACE_S, stopping=self._stopping)
         if waited.failures:
             failures = explain_deaths(waited.failures, workers, agents) if agents is not None else waited.failures
             error = WorkerGroupError(failures)

@@ -8,9 +8,9 @@ waits, spots the first failure early, and turns each failed rank into a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from raydist.errors import WorkerFailure
+from raydist.errors import WorkerFailure, WorkerGroupClosed
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.records import Outcome, WorkerInfo
 from raydist.pool.rules.outcomes import death_line, rank_failure, step_error_text
@@ -22,6 +22,8 @@ FAILURE_GRACE_S = 0.5
 # work (imports, the backend's init), so on a loaded machine the same error
 # comes further apart; a failed start is rare, and waiting costs a success nothing.
 STARTUP_FAILURE_GRACE_S = 2.0
+# How often a start-up wait asks whether the run was asked to stop.
+STOP_CHECK_S = 1.0
 # How long a call's first, all-ranks wait lasts before failure-aware waiting.
 FAST_PATH_S = 0.05
 _FETCH_ONE = object()  # marks a result to fetch on its own after a failed batch
@@ -61,9 +63,11 @@ def wait_for_ranks(
     progress: Optional[Any] = None,  # a tqdm-like bar
     actors: Optional[Sequence[Any]] = None,
     grace: float = FAILURE_GRACE_S,
+    stopping: Optional[Callable[[], bool]] = None,
 ) -> Waited:
     """Wait for ``refs`` (indexed by rank) until all are done, one fails
-    (then ``grace`` seconds for the others' failures), or ``timeout``.
+    (then ``grace`` seconds for the others' failures), or ``timeout``;
+    WorkerGroupClosed once ``stopping()`` (asked each second).
 
     ``actors`` (by rank) marks ``refs`` as user calls: an error that is not a
     death is then a return value that could not be sent back."""
@@ -85,7 +89,15 @@ def wait_for_ranks(
         waited.results = [None] * len(refs)
     while pending and not waited.failures:
         remaining = None if deadline is None else max(0.0, deadline - cluster.monotonic())
-        if not cluster.wait(list(pending), num_returns=1, timeout=remaining)[0]:
+        if stopping is not None:  # asked each second: a stop asked meanwhile ends the wait
+            if stopping():
+                raise WorkerGroupClosed("this WorkerGroup was shut down while its workers started")
+            slice_s = STOP_CHECK_S if remaining is None else min(remaining, STOP_CHECK_S)
+            if not cluster.wait(list(pending), num_returns=1, timeout=slice_s)[0]:
+                if remaining is not None and remaining <= STOP_CHECK_S:
+                    break  # timed out
+                continue
+        elif not cluster.wait(list(pending), num_returns=1, timeout=remaining)[0]:
             break  # timed out
         # Take everything already finished in one go (cheap for warm calls).
         _take(cluster, cluster.wait(list(pending), num_returns=len(pending), timeout=0)[0], pending, waited, workers, actors)
