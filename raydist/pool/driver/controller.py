@@ -71,6 +71,7 @@ logger = logging.getLogger("raydist")
 
 SESSION_GONE = "the Ray this WorkerGroup was started in has been shut down (ray.shutdown()); its workers are gone: start a new WorkerGroup"
 CLOSED = "this WorkerGroup has been shut down"
+CALL_SESSION_GONE = "Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran"
 
 
 class RunController:
@@ -155,7 +156,7 @@ class RunController:
         except KeyboardInterrupt as interrupted:
             self.cluster.park(self._closed, None)
             if self.cluster.session() != self.session:
-                raise WorkerGroupClosed("Ray was shut down (ray.shutdown()) while this WorkerGroup's call ran") from interrupted
+                raise WorkerGroupClosed(CALL_SESSION_GONE) from interrupted
             raise
         return False
 
@@ -166,7 +167,8 @@ class RunController:
     def _wait_for_call(self, future: WorkerFuture, timeout: Optional[float]) -> bool:
         if future.ended or self._wait(future.ending, timeout, future):
             return True
-        self.check_session()
+        if self.cluster.session() != self.session:
+            raise WorkerGroupClosed(CALL_SESSION_GONE)
         return False
 
     def _cancel_call(self, future: WorkerFuture) -> bool:
