@@ -55,7 +55,7 @@ from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_
 from raydist.pool.driver.datasets import CallData, split_for_world
 from raydist.pool.driver.events import STOPPING, Cancel, Event, Interrupt, Reply, RoomFound, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
-from raydist.pool.driver.lifecycle import Lifecycle, weakly, weakly_asks
+from raydist.pool.driver.lifecycle import Lifecycle, weakly
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import WarmRestart
@@ -96,9 +96,9 @@ class RunController:
             self._hooks,
             RunLogs(config),
             router_for(config, cluster),
-            weakly(self._room_found),  # held weakly: a group dropped without shutdown() is freed
+            weakly(self._room_found, None),  # held weakly: a group dropped without shutdown() is freed
             extra_env=self._state.env(config, cluster),
-            stopping=weakly_asks(self._stop_requested),  # its waits give way to a stop asked meanwhile
+            stopping=weakly(self._stop_requested, True),  # its waits give way to a stop asked meanwhile
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
@@ -390,7 +390,7 @@ class RunController:
         """End the run for ``cause`` (the loop only); ``settle``: a failed call's
         output to wait for once the ranks are dead. Every call still in flight
         ends with the stop; a call every rank had finished keeps its values."""
-        if not self.life.stop(cause):
+        if not self.life.stop():
             return
         world, holdings = self.world, self.holdings
         if world is not None:

@@ -160,7 +160,7 @@ def split_for_world(
     held: Callable[[], Mapping[str, Any]],
     attach: Callable[[str, OpenSplits], None],
 ) -> Optional[WorldSplit]:
-    """Under the group's phase lock: ``data`` split for ``world``, kept with
+    """On the run's loop, as the call is sent: ``data`` split for ``world``, kept with
     that world (its open splits stop when it ends); None without data."""
     if data is None or world is None:
         return None

@@ -49,7 +49,7 @@ def test_the_phase_moves_only_in_the_loop() -> None:
     moving: Set[str] = set()
     for path, tree in sources().items():
         for name, _ in calls_in(tree):
-            if name.endswith(("life.move", "life.stop", "life.close", "life.move_if")):
+            if name.endswith(("life.move", "life.stop", "life.close")):
                 moving.add(str(path.relative_to(PACKAGE)))
     assert moving == {"pool/driver/controller.py"}
     controller = ast.parse(CONTROLLER.read_text())
