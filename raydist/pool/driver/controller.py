@@ -44,7 +44,7 @@ import logging
 import threading
 from collections import deque
 from functools import partial
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped
@@ -304,7 +304,7 @@ class RunController:
         _end_all(calls, told)
         return True
 
-    def _restart_fresh(self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Any) -> None:
+    def _restart_fresh(self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Callable[[int], None]) -> None:
         """Tear the attempt down and start the next one in new processes (larger,
         for a growth); the calls end once it started (or with why it could not)."""
         old, holdings = self.world, self.holdings
