@@ -40,12 +40,13 @@ def start_run(*args: str) -> "subprocess.Popen[str]":
 
 def wait_until_ranks_ready(driver: "subprocess.Popen[str]", count: int) -> None:
     assert driver.stdout is not None
-    ready = 0
+    ready, lines = 0, []
     for line in driver.stdout:
+        lines.append(line)
         ready += "ready" in line
         if ready == count:
             return
-    raise AssertionError(f"the run ended before its ranks were ready (status {driver.wait()})")
+    raise AssertionError(f"the run ended before its ranks were ready (status {driver.wait()}):\n{''.join(lines)}")
 
 
 def signal_when_ready(driver: subprocess.Popen, signum: int) -> Tuple[str, float]:

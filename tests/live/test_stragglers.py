@@ -57,7 +57,7 @@ def test_the_driver_names_the_straggler_once_while_the_run_goes_on(caplog: pytes
     with raydist.WorkerGroup(2, resources_per_worker={"CPU": 1}) as group:
         group.run(steps, args=(60, 1, 0.05))  # ~3 s: several looks by the watch
         named = [r.getMessage() for r in caplog.records if "reaches collectives" in r.getMessage()]
-        first = group._run.world.watchers.watch.first_named[1]  # type: ignore[union-attr]
+        first = group._run.attempt.watch.first_named[1]  # type: ignore[union-attr]
     assert len(named) == 1, named
     assert named[0].startswith("raydist: rank 1 on node ") and "ms after the others, over the last" in named[0]
     # Named while the run went on (how soon depends on the 0.5 s looks reaching
@@ -88,6 +88,6 @@ def test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worl
         pids = group.run(crash_then_steps, args=(1, 60, 1, 0.05))
         assert pids == [w.pid for w in group.workers]
         found = group.stragglers(refresh=True)
-        watched = group._run.world.watchers.watch._workers  # type: ignore[union-attr]
+        watched = group._run.attempt.watch._workers  # type: ignore[union-attr]
     assert [s.rank for s in found] == [1], found
     assert [w.pid for w in watched] == pids and old_pids[1] not in pids

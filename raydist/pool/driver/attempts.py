@@ -9,9 +9,9 @@ injectable), ``count`` charges a restart and says so in one log line, and
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.startup import Holdings
@@ -23,9 +23,19 @@ logger = logging.getLogger("raydist")
 Policy = Callable[[BaseException, Facts], Decision]
 
 
+@dataclass(frozen=True)
+class RestartOptions:
+    """The run's options that its restarts read."""
+
+    max_restarts: int
+    retry_on_exception: bool
+    warm_restarts: bool
+    survivor_timeout: float  # for the restart's log line
+
+
 class Attempts:
-    def __init__(self, config: RunConfig, fresh_restarts: bool, cluster: Cluster, policy: Optional[Policy] = None):
-        self._config = config
+    def __init__(self, options: RestartOptions, fresh_restarts: bool, cluster: Cluster, policy: Optional[Policy] = None):
+        self._options = options
         self._cluster = cluster  # its metrics get the restarts
         self.fresh_restarts = fresh_restarts  # a run starts new attempts; a WorkerGroup raises instead
         self._policy = policy or decide  # injectable: the engine tests pass their own
@@ -39,7 +49,7 @@ class Attempts:
         """The policy's answer to ``error`` on ``cluster`` (``started``: the
         attempt had started; ``warm_failed``: the warm restart it chose could
         not finish; ``stopping``: a stop was asked meanwhile)."""
-        config = self._config
+        config = self._options
         facts = Facts(
             restarts_left=config.max_restarts - self.restarts_used,
             retry_on_exception=config.retry_on_exception,
@@ -63,7 +73,12 @@ class Attempts:
         self.history.append(error)
         self.number += 1
         self._cluster.record("raydist_restarts", 1, {"kind": decision.action.value})
-        logger.warning(restart_line(decision.reason, old_size, self.number, self._config.max_restarts, self.restarts_used))
+        logger.warning(restart_line(decision.reason, old_size, self.number, self._options.max_restarts, self.restarts_used))
+
+    @property
+    def next(self) -> int:
+        """The number the next attempt gets (a warm restart builds it before it is counted)."""
+        return self.number + 1
 
     def restarted_after(self, error: BaseException) -> bool:
         return any(error is earlier for earlier in self.history)
@@ -75,7 +90,7 @@ class Attempts:
         self.number += 1
         self._cluster.record("raydist_restarts", 1, {"kind": "resize"})
         reason = RestartReason("scale-up", f"the cluster has room for {more} more worker(s)", counted=False)
-        logger.warning(restart_line(reason, old_size, self.number, self._config.max_restarts, self.restarts_used))
+        logger.warning(restart_line(reason, old_size, self.number, self._options.max_restarts, self.restarts_used))
 
     def final(self, error: RaydistError) -> RaydistError:
         """The error the run ends with: a run that restarted before lists its earlier attempts."""
@@ -89,4 +104,4 @@ class Attempts:
         failures = failed.failures if isinstance(failed, WorkerGroupError) else []
         seconds = now - min([f.timestamp for f in failures] + [now])
         self._cluster.record("raydist_recovery_seconds", seconds, {})
-        logger.warning(restart_summary(None, [], old_size, size, seconds, self._config.survivor_timeout))
+        logger.warning(restart_summary(None, [], old_size, size, seconds, self._options.survivor_timeout))

@@ -21,10 +21,10 @@ from raydist.errors import (
 from raydist.pool import signals
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, WorkerDied
 from raydist.pool.driver.agents import explain_deaths
+from raydist.pool.driver.attempt import Attachment, Attempt
 from raydist.pool.driver.call_check import check_call
 from raydist.pool.driver.timeline_events import call_ended
 from raydist.pool.driver.waiting import CallWait, Waited
-from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, Outcome
 from raydist.pool.rules.policy import classify_end
 
@@ -60,19 +60,19 @@ def prepare_call(cluster: Cluster, fn: Callable[..., Any], args: Sequence[Any] =
         raise TypeError(f"cannot pickle the call to send it to the workers: {error}") from error
 
 
-KeptCall = Optional[Tuple[int, bytes]]  # (a world's attempt, the small call its ranks keep)
+KeptCall = Optional[Tuple[int, bytes]]  # (an attempt's number, the small call its ranks keep)
 
 
-def send_call(cluster: Cluster, world: World, call: bytes, kept: KeptCall) -> Tuple[List[Pending], KeptCall]:
-    """Send ``call`` to every rank of ``world``; its refs, and what the ranks keep
+def send_call(cluster: Cluster, attempt: Attempt, call: bytes, kept: KeptCall) -> Tuple[List[Pending], KeptCall]:
+    """Send ``call`` to every rank of ``attempt``; its refs, and what the ranks keep
     now (``kept``: what they kept before). A big call is stored once, read by
     every rank; a small one they kept goes without its bytes (an actor task's
     argument costs more than a warm call), unpickled afresh all the same."""
     if len(call) > INLINE_CALL_BYTES:
         stored = cluster.share(call)
-        return [cluster.call(actor, "execute", stored) for actor in world.actors], None
-    sent = () if kept == (world.attempt, call) else (call,)
-    return [cluster.call(actor, "execute", *sent) for actor in world.actors], (world.attempt, call)
+        return [cluster.call(actor, "execute", stored) for actor in attempt.actors], None
+    sent = () if kept == (attempt.number, call) else (call,)
+    return [cluster.call(actor, "execute", *sent) for actor in attempt.actors], (attempt.number, call)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class WorkerFuture:
     def __init__(
         self,
         hooks: CallHooks,
-        world: World,
+        attempt: Attempt,
         refs: List[Pending],
         number: int,
         wait: CallWait,
@@ -102,8 +102,8 @@ class WorkerFuture:
         split: Optional[Attachment] = None,
     ):
         self._hooks = hooks
-        self._split = split  # the call's dataset split (kept with its world too), stopped when the call ends
-        self.world, self.refs, self.number = world, refs, number  # the world the call was sent to
+        self._split = split  # the call's dataset split (kept with its attempt too), stopped when the call ends
+        self.attempt, self.refs, self.number = attempt, refs, number  # the attempt the call was sent to
         self.wait = wait  # its ranks as they come back (read by the loop)
         self.sent_at = sent_at  # for the run's timeline
         self.ending = threading.Event()  # set once the loop ended the call
@@ -156,60 +156,60 @@ def ending_of(
     """How ``future``'s call ended, from what its ranks sent back
     (``future.wait``): (values, None) or (None, the error); ``stopped``: why
     the run stopped the call (a call every rank finished keeps its values)."""
-    world, waited = future.world, future.wait.waited
+    attempt, waited = future.attempt, future.wait.waited
     future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
     failures = waited.failures
     if stopped is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
-        failures = explain_deaths(failures, world.workers, world.agents)
-    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=world.drained)
-    call_ended(world, future.number, future.sent_at, waited, failures)
+        failures = explain_deaths(failures, attempt.workers, attempt.agents)
+    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=attempt.drained)
+    call_ended(attempt, future.number, future.sent_at, waited, failures)
     if end is CallEnd.FINISHED:
-        return world.settle_output(future.number, waited.results), None
-    return None, error_for(end, world, waited, failures, config_timeout or 0.0)  # a timeout says the one set
+        return attempt.settle_output(future.number, waited.results), None
+    return None, error_for(end, attempt, waited, failures, config_timeout or 0.0)  # a timeout says the one set
 
 
-def error_for(end: CallEnd, world: World, waited: Waited, failures: Sequence[WorkerFailure], limit: float) -> RaydistError:
-    """The error for a call on ``world`` that ended as ``end`` (``failures``:
+def error_for(end: CallEnd, attempt: Attempt, waited: Waited, failures: Sequence[WorkerFailure], limit: float) -> RaydistError:
+    """The error for a call on ``attempt`` that ended as ``end`` (``failures``:
     its failed ranks, deaths explained); evidence and stacks are read before the teardown."""
     error: RaydistError
     if end is CallEnd.CANCELLED:
         error = WorkerCallCancelled("the call was cancelled (WorkerFuture.cancel()); its WorkerGroup was shut down")
     elif end is CallEnd.GROW:
-        error = WorkerGroupStopped(f"the cluster has room for {world.grow_by} more worker(s)")
+        error = WorkerGroupStopped(f"the cluster has room for {attempt.grow_by} more worker(s)")
     elif end is CallEnd.SHUT_DOWN:
         error = WorkerGroupClosed("this WorkerGroup was shut down while the call ran")
     elif end is CallEnd.TIMED_OUT:
-        error = WorkerGroupTimeout(limit, waited.pending, world.stacks(waited.pending), world.collectives({}))
+        error = WorkerGroupTimeout(limit, waited.pending, attempt.stacks(waited.pending), attempt.collectives({}))
     else:
-        drained = world.drained
+        drained = attempt.drained
         known = {f.rank: f.collectives for f in failures if f.collectives}
-        collectives = world.collectives(known) if known else ""  # a rank failed inside a collective
+        collectives = attempt.collectives(known) if known else ""  # a rank failed inside a collective
         preempted = sorted({f.node_id for f in failures if f.node_id in drained})
         error = WorkerGroupError(failures, preempted_nodes=preempted, collectives=collectives)
     error.end = end
     return error
 
 
-def forward_signal(cluster: Cluster, world: World, signum: Optional[int], future: WorkerFuture, shutdown_timeout: float) -> None:
+def forward_signal(cluster: Cluster, attempt: Attempt, signum: Optional[int], future: WorkerFuture, shutdown_timeout: float) -> None:
     """For a handled signal ``signum`` (it interrupted the user's wait as a
     KeyboardInterrupt): send it to every rank (as torchrun does: their
     handlers can save state), then wait up to ``shutdown_timeout`` for them
     to finish and for what they printed meanwhile."""
-    if signum is None or not world.actors:
+    if signum is None or not attempt.actors:
         return
     logger.warning(
         "raydist: got %s: forwarding it to every rank, then stopping the workers (within %g s)",
         signals.SignalReceived(signum).name,
         shutdown_timeout,
     )
-    world.agents.ask(world.workers, range(world.size), "signal", signum)
-    world.timeline.instant(f"{signals.SignalReceived(signum).name} forwarded to every rank", "signal", attempt=world.attempt)
+    attempt.agents.ask(attempt.workers, range(attempt.size), "signal", signum)
+    attempt.timeline.instant(f"{signals.SignalReceived(signum).name} forwarded to every rank", "signal", attempt=attempt.number)
     deadline = cluster.monotonic() + shutdown_timeout
     pending = list(future.refs)
     while pending and not signals.hurried() and cluster.monotonic() < deadline:
         _, pending = cluster.wait(pending, num_returns=len(pending), timeout=min(0.25, max(0.0, deadline - cluster.monotonic())))
     values, failed = _finished_values(cluster, future.refs, pending)  # what the ranks' handlers printed, before the files close
-    world.close_output(future.number, values, failed)
+    attempt.close_output(future.number, values, failed)
 
 
 def _finished_values(cluster: Cluster, refs: Sequence[Pending], pending: Sequence[Pending]) -> Tuple[List[Any], List[int]]:

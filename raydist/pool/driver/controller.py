@@ -50,7 +50,8 @@ from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped
 from raydist.pool import signals
 from raydist.pool.cluster.seam import Cluster, LoopRunner
-from raydist.pool.driver.attempts import Attempts, Policy
+from raydist.pool.driver.attempt import Attachment, Attempt
+from raydist.pool.driver.attempts import Attempts, Policy, RestartOptions
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_of, forward_signal, send_call
 from raydist.pool.driver.datasets import CallData, split_for_world
 from raydist.pool.driver.events import STOPPING, Cancel, Event, Interrupt, Reply, RoomFound, Start, Stop, Submit
@@ -63,7 +64,6 @@ from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.summary import RunResults, RunSummary
 from raydist.pool.driver.waiting import CallWait, Waited
-from raydist.pool.driver.world import Attachment, World
 from raydist.pool.records import CallEnd, GroupPhase
 from raydist.pool.rules.policy import Action, Decision, scale_to
 
@@ -80,14 +80,15 @@ class RunController:
     def __init__(self, cluster: Cluster, config: RunConfig, fresh_restarts: bool, policy: Optional[Policy] = None):
         self.config = config
         self.cluster = cluster
-        self.attempts = Attempts(config, fresh_restarts, cluster, policy)
+        restarts = RestartOptions(config.max_restarts, config.retry_on_exception, config.warm_restarts, config.survivor_timeout)
+        self.attempts = Attempts(restarts, fresh_restarts, cluster, policy)
         self._state = RunState()  # save_state's copies outlive every attempt
         self._hooks = group_hooks(config)  # a missing backend library fails here, before the cluster
         self._calls = 0
         self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
         self.holdings: Optional[Holdings] = None
-        self.world: Optional[World] = None
+        self.attempt: Optional[Attempt] = None  # the attempt that runs (or the last one, once stopped)
         cluster.connect(config.address, config.startup_timeout)
         self.session = cluster.session()
         self._builder = GroupBuilder(
@@ -97,7 +98,7 @@ class RunController:
             RunLogs(config),
             router_for(config, cluster),
             weakly(self._room_found, None),  # held weakly: a group dropped without shutdown() is freed
-            extra_env=self._state.env(config, cluster),
+            extra_env=self._state.env(cluster, config.state_dir, config.state_keep),
             stopping=weakly(self._stop_requested, True),  # its waits give way to a stop asked meanwhile
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
@@ -176,8 +177,8 @@ class RunController:
 
     def _room_found(self) -> None:
         """The drain watcher's poll found room for more workers (its thread only posts)."""
-        world = self.world
-        self._post(RoomFound(world.grow_by if world is not None else 0))
+        attempt = self.attempt
+        self._post(RoomFound(attempt.grow_by if attempt is not None else 0))
 
     # -- the loop: its only writer -------------------------------------------
     def _turn(self) -> Optional[float]:
@@ -231,15 +232,15 @@ class RunController:
 
     def _send(self, call: bytes, data: Optional[CallData]) -> WorkerFuture:
         self.check_usable()
-        world = self.world
-        assert world is not None and self.life.phase is GroupPhase.RUNNING
-        split = split_for_world(self.cluster, world, data, self.held_resources, self.attach)  # queued before the call
-        refs, self._last_call = send_call(self.cluster, world, call, self._last_call)
+        attempt = self.attempt
+        assert attempt is not None and self.life.phase is GroupPhase.RUNNING
+        split = split_for_world(self.cluster, attempt, data, self.held_resources, self.attach)  # queued before the call
+        refs, self._last_call = send_call(self.cluster, attempt, call, self._last_call)
         number, self._calls = self._calls, self._calls + 1
         deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
-        wait = CallWait(self.cluster, refs, world.workers, list(world.actors), deadline)
+        wait = CallWait(self.cluster, refs, attempt.workers, list(attempt.actors), deadline)
         hooks = CallHooks(self._wait_for_call, self._cancel_call)
-        future = self._in_flight[number] = WorkerFuture(hooks, world, refs, number, wait, self.cluster.time(), split)
+        future = self._in_flight[number] = WorkerFuture(hooks, attempt, refs, number, wait, self.cluster.time(), split)
         self.cluster.when_ended(refs, partial(_news, wait, self._loop))
         return future
 
@@ -263,11 +264,11 @@ class RunController:
     # -- after a failure: what the policy says, for every call of its world ----
     def _after_failure(self, error: RaydistError, future: WorkerFuture) -> None:
         """A failure is its world's: the policy is asked once, and every call in
-        flight on that world ends as its decision says (a newer call queued on
+        flight on that attempt ends as its decision says (a newer call queued on
         the old ranks ran before their teardown, which queues behind it)."""
-        world, waited = future.world, future.wait.waited
-        self._state.abort(self.cluster, world.attempt)  # no rank waits on a step a dead rank never saves
-        calls = [self._in_flight.pop(n) for n in sorted(self._in_flight) if self._in_flight[n].world is world]
+        attempt, waited = future.attempt, future.wait.waited
+        self._state.abort(self.cluster, attempt.number)  # no rank waits on a step a dead rank never saves
+        calls = [self._in_flight.pop(n) for n in sorted(self._in_flight) if self._in_flight[n].attempt is attempt]
         decision = self._decide(error, started=True)
         if decision.action is Action.WARM:
             if self._restart_warm(decision, error, calls, waited):
@@ -285,19 +286,19 @@ class RunController:
 
     def _restart_warm(self, decision: Decision, error: RaydistError, calls: List[WorkerFuture], waited: Waited) -> bool:
         """Replace the failed ranks in place (``restart.WarmRestart``); False: it could not."""
-        old, holdings = calls[0].world, self.holdings
+        old, holdings = calls[0].attempt, self.holdings
         assert holdings is not None
         self.life.move(GroupPhase.RESTARTING)
         config = self.config
         restart = WarmRestart(
             self._builder, holdings, self._stop_requested, config.survivor_timeout, config.startup_timeout, config.worker_range
         )
-        restarted = restart.run(old, calls[0].refs, waited, calls[0].number, self.attempts.number + 1)
+        restarted = restart.run(old, calls[0].refs, waited, calls[0].number, self.attempts.next)
         if restarted is None:
             self.life.move(GroupPhase.RUNNING)  # for the fresh start or the stop after it
             return False
-        self.world, line = restarted
-        told = error.restarted_as(self.attempts.number + 1)
+        self.attempt, line = restarted
+        told = error.restarted_as(self.attempts.next)
         self.attempts.count(decision, told, old.size)
         self.life.move(GroupPhase.RUNNING)
         logger.warning(line)
@@ -307,7 +308,7 @@ class RunController:
     def _restart_fresh(self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Callable[[int], None]) -> None:
         """Tear the attempt down and start the next one in new processes (larger,
         for a growth); the calls end once it started (or with why it could not)."""
-        old, holdings = self.world, self.holdings
+        old, holdings = self.attempt, self.holdings
         assert old is not None and holdings is not None
         self.life.move(GroupPhase.STARTING)
         old.stop_watching()
@@ -325,10 +326,10 @@ class RunController:
     def _grow(self, more: int) -> None:
         """Room for ``more`` workers: the scaling rule says the size; the world
         restarts at it, not counted (growth is not a failure)."""
-        world = self.world
-        if world is None or self.life.phase is not GroupPhase.RUNNING:
+        attempt = self.attempt
+        if attempt is None or self.life.phase is not GroupPhase.RUNNING:
             return
-        if scale_to(world.size, more, self.config.worker_range, self.attempts.fresh_restarts) is None:
+        if scale_to(attempt.size, more, self.config.worker_range, self.attempts.fresh_restarts) is None:
             return
         logger.warning("raydist: room for %d more worker(s): restarting the world larger", more)
         calls = [self._in_flight.pop(n) for n in sorted(self._in_flight)]
@@ -357,18 +358,18 @@ class RunController:
                 raise
 
     def _open_attempt(self, failed: Optional[RaydistError]) -> None:
-        old = self.world
+        old = self.attempt
         if self.holdings is not None and old is not None:  # a fresh restart: what the last attempt held shows free first
             self.cluster.wait_released(self.holdings.held_resources(old.workers))
         self.holdings = self._builder.reserve()  # its waits, and the start's, give way to a stop asked meanwhile
-        world = self._builder.build(self.holdings, self.attempts.number)
+        attempt = self._builder.build(self.holdings, self.attempts.number)
         if self._stop_requested():
-            world.end()
+            attempt.end()
             raise WorkerGroupClosed("this WorkerGroup was shut down while it started")
-        self.world = world
+        self.attempt = attempt
         self.life.move(GroupPhase.RUNNING)
         if failed is not None:
-            self.attempts.started(world.size, old.size if old else 0, failed, self.cluster.time())
+            self.attempts.started(attempt.size, old.size if old else 0, failed, self.cluster.time())
 
     # -- the end -----------------------------------------------------------
     def _cancel(self, future: WorkerFuture) -> bool:
@@ -382,7 +383,7 @@ class RunController:
         future = event.future
         try:
             if future is not None and not future.ended and not self.life.closing:
-                forward_signal(self.cluster, future.world, event.signum, future, self.config.shutdown_timeout)
+                forward_signal(self.cluster, future.attempt, event.signum, future, self.config.shutdown_timeout)
         finally:
             self.stop(CallEnd.SHUT_DOWN)
 
@@ -392,9 +393,9 @@ class RunController:
         ends with the stop; a call every rank had finished keeps its values."""
         if not self.life.stop():
             return
-        world, holdings = self.world, self.holdings
-        if world is not None:
-            world.stop_watching()  # kept: what it saw explains the failure
+        attempt, holdings = self.attempt, self.holdings
+        if attempt is not None:
+            attempt.stop_watching()  # kept: what it saw explains the failure
         if self.cluster.session() == self.session:
             if holdings is not None:
                 holdings.release(graceful)
@@ -407,9 +408,9 @@ class RunController:
             if self.cluster.session() == self.session:
                 future.wait.take(grace=0.0)
             endings.append((future, *ending_of(future, cause, self.config.timeout)))
-        if world is not None:
+        if attempt is not None:
             settled, waited = settle if settle is not None else (None, Waited([]))
-            world.close_output(settled, waited.results, waited.marked_failures)
+            attempt.close_output(settled, waited.results, waited.marked_failures)
         self.life.close()
         self._closed.set()
         for future, values, error in endings:
@@ -417,14 +418,14 @@ class RunController:
 
     # -- what the run is ---------------------------------------------------
     def held_resources(self) -> Any:
-        holdings, world = self.holdings, self.world
-        return holdings.held_resources(world.workers if world else []) if holdings else {}
+        holdings, attempt = self.holdings, self.attempt
+        return holdings.held_resources(attempt.workers if attempt else []) if holdings else {}
 
     def attach(self, name: str, thing: Attachment) -> None:
-        world = self.world
-        if world is None:
+        attempt = self.attempt
+        if attempt is None:
             raise WorkerGroupClosed("this WorkerGroup has no running world to attach to")
-        world.watchers.attach(name, thing)
+        attempt.attach(name, thing)
 
     def check_usable(self) -> None:
         self.check_session()

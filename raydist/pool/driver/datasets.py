@@ -1,13 +1,13 @@
-"""A call's Ray Data datasets, split for the world that runs it.
+"""A call's Ray Data datasets, split for the attempt that runs it.
 
-A split belongs to one call and one world: made when the call is sent (one
+A split belongs to one call and one attempt: made when the call is sent (one
 ``streaming_split`` per split dataset, the ranks' nodes as locality
-hints), released when the call ends; a world's open splits are attached
+hints), released when the call ends; an attempt's open splits are attached
 to it (``OpenSplits``) and stop with it (a warm restart, a shutdown). Releasing
 stops the split's coordinator actor, which owns the blocks it streams:
 ranks still waiting in its epoch barrier fail at once instead of waiting
 for a reader that died, and no block stays pinned. A retried call (after a
-restart, warm or fresh) gets a fresh split of its new world.
+restart, warm or fresh) gets a fresh split of its new attempt.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from raydist.pool.cluster.seam import Cluster
-from raydist.pool.driver.world import World
+from raydist.pool.driver.attempt import Attempt
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus_for_data, split_names
 
@@ -26,7 +26,7 @@ __all__ = ["DATASETS", "CallData", "OpenSplits", "WorldSplit", "check_datasets",
 
 logger = logging.getLogger("raydist")
 
-DATASETS = "datasets"  # the name a world's open splits are attached under
+DATASETS = "datasets"  # the name an attempt's open splits are attached under
 
 MISSING_RAY_DATA = "datasets= needs Ray Data, which is not installed: pip install 'raydist[data]' (or 'ray[data]')"
 
@@ -61,7 +61,7 @@ def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config:
 
 
 class WorldSplit:
-    """One call's datasets for one world: each rank's iterators by name."""
+    """One call's datasets for one attempt: each rank's iterators by name."""
 
     def __init__(self, per_rank: List[Dict[str, Any]], coordinators: List[Any], owner: "OpenSplits"):
         self.per_rank = per_rank
@@ -86,7 +86,7 @@ class WorldSplit:
 
 
 class OpenSplits:
-    """A world's splits not yet released (all stopped when the world ends)."""
+    """An attempt's splits not yet released (all stopped when the attempt ends)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -116,22 +116,22 @@ class OpenSplits:
         except BaseException:
             WorldSplit([], coordinators, self).stop()
             raise
-        world = WorldSplit(per_rank, coordinators, self)
+        attempt = WorldSplit(per_rank, coordinators, self)
         with self._lock:
-            self._open.append(world)
-        world.send(actors)
-        return world
+            self._open.append(attempt)
+        attempt.send(actors)
+        return attempt
 
-    def forget(self, world: WorldSplit) -> None:
+    def forget(self, attempt: WorldSplit) -> None:
         with self._lock:
-            if world in self._open:
-                self._open.remove(world)
+            if attempt in self._open:
+                self._open.remove(attempt)
 
     def stop(self) -> None:
         with self._lock:
             worlds = list(self._open)
-        for world in worlds:
-            world.stop()
+        for attempt in worlds:
+            attempt.stop()
 
 
 def warn_without_cpus(cluster: Cluster, held: Mapping[str, Mapping[str, float]], workers: int) -> None:
@@ -155,18 +155,18 @@ def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
 
 def split_for_world(
     cluster: Cluster,
-    world: Optional[World],
+    attempt: Optional[Attempt],
     data: Optional[CallData],
     held: Callable[[], Mapping[str, Any]],
     attach: Callable[[str, OpenSplits], None],
 ) -> Optional[WorldSplit]:
-    """On the run's loop, as the call is sent: ``data`` split for ``world``, kept with
-    that world (its open splits stop when it ends); None without data."""
-    if data is None or world is None:
+    """On the run's loop, as the call is sent: ``data`` split for ``attempt``, kept with
+    that attempt (its open splits stop when it ends); None without data."""
+    if data is None or attempt is None:
         return None
-    splits = world.watchers.attached(DATASETS)
+    splits = attempt.attached(DATASETS)
     if not isinstance(splits, OpenSplits):
-        warn_without_cpus(cluster, held(), world.size)  # once per world
+        warn_without_cpus(cluster, held(), attempt.size)  # once per attempt
         splits = OpenSplits(cluster)
         attach(DATASETS, splits)
-    return splits.open(data, world.workers, world.actors)
+    return splits.open(data, attempt.workers, attempt.actors)

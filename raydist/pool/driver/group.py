@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from raydist.config import RunConfig, make_config
 from raydist.pool.cluster.seam import Cluster
+from raydist.pool.driver.attempt import Attachment
 from raydist.pool.driver.calls import WorkerFuture, prepare_call
 from raydist.pool.driver.controller import RunController
 from raydist.pool.driver.datasets import CallData, check_datasets
 from raydist.pool.driver.summary import RunSummary
-from raydist.pool.driver.world import Attachment
 from raydist.pool.records import GroupPhase, Placement, WorkerInfo
 from raydist.pool.rules.datasets import DataConfig
 from raydist.pool.rules.stragglers import Straggler
@@ -53,14 +53,14 @@ class WorkerGroup:
     @property
     def workers(self) -> List[WorkerInfo]:
         """Each rank's placement: rank, local rank, node rank, node id/IP, pid, devices."""
-        world = self._run.world
-        return list(world.workers) if world else []
+        attempt = self._run.attempt
+        return list(attempt.workers) if attempt else []
 
     @property
     def contexts(self) -> List[Optional["DistInfo"]]:
         """Each rank's initialization record (None where the process group was left to the code)."""
-        world = self._run.world
-        return list(world.contexts) if world else []
+        attempt = self._run.attempt
+        return list(attempt.contexts) if attempt else []
 
     @property
     def num_workers(self) -> int:
@@ -103,8 +103,8 @@ class WorkerGroup:
     @property
     def drained_nodes(self) -> Dict[str, float]:
         """Nodes of this group that Ray started draining, with their deadlines."""
-        world = self._run.world
-        return dict(world.drained) if world else {}
+        attempt = self._run.attempt
+        return dict(attempt.drained) if attempt else {}
 
     # -- calls -------------------------------------------------------------
 
@@ -141,9 +141,9 @@ class WorkerGroup:
         flight recorders: which rank did not enter the collective the others
         wait in, or entered another). The group keeps running."""
         self._run.check_usable()
-        world = self._run.world
-        assert world is not None
-        return world.where_ranks_are()
+        attempt = self._run.attempt
+        assert attempt is not None
+        return attempt.where_ranks_are()
 
     def stragglers(self, refresh: bool = False) -> List[Straggler]:
         """The ranks that reach collectives consistently later than the others
@@ -152,8 +152,8 @@ class WorkerGroup:
         ``flight_recorder=False``."""
         if refresh:
             self._run.check_usable()
-        world = self._run.world
-        return world.stragglers(refresh) if world else []
+        attempt = self._run.attempt
+        return attempt.stragglers(refresh) if attempt else []
 
     def summary(self) -> RunSummary:
         """Where the group's time went so far: each attempt's world and how it

@@ -21,11 +21,11 @@ from typing import Any, Callable, Collection, List, Optional, Sequence, Set, Tup
 
 from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed
 from raydist.pool.cluster.seam import CallFailed, Cluster, Pending, Worker, WorkerDied
+from raydist.pool.driver.attempt import Attempt
 from raydist.pool.driver.seats import as_placement, free_seats
 from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.timeline_events import late_results, world_ready
 from raydist.pool.driver.waiting import Waited
-from raydist.pool.driver.world import World
 from raydist.pool.rules.restart_plan import RestartPlan, plan_restart, restart_summary
 
 logger = logging.getLogger("raydist")
@@ -59,14 +59,14 @@ class WarmRestart:
     startup_timeout: float  # seconds to wait for seats for the replacements
     sizes: Optional[Tuple[int, int]]  # the elastic size range (None: the world's size is fixed)
 
-    def run(self, world: World, refs: Sequence[Pending], waited: Waited, call: int, attempt: int) -> Optional[Tuple[World, str]]:
-        """The next world (numbered ``attempt``: the run's one counter says it)
-        after ``world``'s call ``call`` failed as ``waited`` says, and the line
+    def run(self, failed: Attempt, refs: Sequence[Pending], waited: Waited, call: int, number: int) -> Optional[Tuple[Attempt, str]]:
+        """The next attempt (numbered ``number``: the run's one counter says it)
+        after ``failed``'s call ``call`` failed as ``waited`` says, and the line
         that says what was done; None when a shutdown began
         meanwhile or the restart failed (then logged; the fresh start or
         the stop after it releases what it made)."""
         try:
-            return self._replace(world, refs, waited, call, attempt)
+            return self._replace(failed, refs, waited, call, number)
         except (RestartAborted, WorkerGroupClosed):  # a stop was asked meanwhile (a start-up wait gave way to it)
             return None
         except Exception as failure:  # noqa: BLE001 - then the run starts afresh, or stops
@@ -78,21 +78,21 @@ class WarmRestart:
         if self.stopping():
             raise RestartAborted("the group was shut down during its warm restart")
 
-    def _replace(self, world: World, refs: Sequence[Pending], waited: Waited, call: int, attempt: int) -> Tuple[World, str]:
+    def _replace(self, failed: Attempt, refs: Sequence[Pending], waited: Waited, call: int, number: int) -> Tuple[Attempt, str]:
         builder, holdings, live = self.builder, self.holdings, self.live
         cluster = holdings.cluster
         failed_at = min([f.timestamp for f in waited.failures] + [cluster.time()])
-        old = list(world.workers)
+        old = list(failed.workers)
         lost = {w.node_id for w in old} - {node.node_id for node in cluster.alive_nodes()}
-        leaving = lost | set(world.drained)
-        world.stop_watching()  # nothing may read or warn a half-changed world
+        leaving = lost | set(failed.drained)
+        failed.stop_watching()  # nothing may read or warn a half-changed attempt
         deadline = failed_at + self.survivor_timeout
-        settled = settle_survivors(cluster, world.actors, refs, waited, old, lost, deadline, live)
-        world.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
-        late_results(world, settled.late)
-        plan = _plan(holdings, world, settled, leaving, self.sizes, self.startup_timeout, live)
+        settled = settle_survivors(cluster, failed.actors, refs, waited, old, lost, deadline, live)
+        failed.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
+        late_results(failed, settled.late)
+        plan = _plan(holdings, failed, settled, leaving, self.sizes, self.startup_timeout, live)
         live()
-        doomed = [world.actors[r] for r in sorted(settled.dead | set(plan.killed))]
+        doomed = [failed.actors[r] for r in sorted(settled.dead | set(plan.killed))]
         for actor in doomed + holdings.spares.drop_on(leaving):
             cluster.kill(actor)
         holdings.forget(doomed)
@@ -103,7 +103,7 @@ class WarmRestart:
             cluster.kill(agent)
         builder.restart(plan.node_order)
         spare_pids = {holdings.spares.ready[i].placement.pid for i in plan.spares}
-        new = _join(builder, holdings, world, plan, attempt)
+        new = _join(builder, holdings, failed, plan, number)
         if self.stopping():
             new.end()  # (its actors are held: the teardown after the abort kills them)
             raise RestartAborted("the group was shut down during its warm restart")
@@ -139,7 +139,7 @@ def settle_survivors(
             break
         waiting = [*pending, *resets]
         if cluster.wait(waiting, num_returns=1, timeout=min(remaining, SEAT_POLL_S))[0]:
-            # Everything already back, in one go: a wait per rank would be quadratic in the world.
+            # Everything already back, in one go: a wait per rank would be quadratic in the failed.
             ready, _ = cluster.wait(waiting, num_returns=len(waiting), timeout=0)
         else:
             ready = []
@@ -172,7 +172,7 @@ def _outcome(cluster: Cluster, ref: Pending) -> Tuple[bool, Any]:
 
 def _plan(
     holdings: Holdings,
-    world: World,
+    failed: Attempt,
     settled: Settled,
     leaving: Set[str],
     worker_range: Optional[Tuple[int, int]],
@@ -182,7 +182,7 @@ def _plan(
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
     InfeasibleResourcesError after ``startup_timeout``."""
-    size = world.size
+    size = failed.size
     sizes = worker_range or (size, size)
     sizes = (sizes[0], min(sizes[1], size))  # growing is restart_to_grow's job
     gone = settled.dead | set(settled.stuck)
@@ -190,10 +190,10 @@ def _plan(
     deadline = cluster.monotonic() + startup_timeout
     while True:
         live()
-        taken = {w.actor_index for w in world.workers if w.rank not in gone and w.node_id not in leaving}
+        taken = {w.actor_index for w in failed.workers if w.rank not in gone and w.node_id not in leaving}
         taken |= holdings.spares.bundles()
         plan = plan_restart(
-            world.workers,
+            failed.workers,
             dead=settled.dead,
             stuck=settled.stuck,
             leaving_nodes=leaving,
@@ -211,10 +211,10 @@ def _plan(
         cluster.sleep(SEAT_POLL_S)  # Ray re-places a lost node's bundles within moments when there is room
 
 
-def _join(builder: GroupBuilder, holdings: Holdings, world: World, plan: RestartPlan, number: int) -> World:
-    """The next world: kept processes, spares and new processes, described,
+def _join(builder: GroupBuilder, holdings: Holdings, failed: Attempt, plan: RestartPlan, number: int) -> Attempt:
+    """The next attempt: kept processes, spares and new processes, described,
     ranked and set up together (kept ones leave their old group first)."""
-    kept: List[Tuple[Any, int]] = [(world.actors[r], world.workers[r].actor_index) for r in plan.kept]
+    kept: List[Tuple[Any, int]] = [(failed.actors[r], failed.workers[r].actor_index) for r in plan.kept]
     spares = holdings.spares.take(plan.spares)
     holdings.actors.extend(
         s.actor for s in spares if all(s.actor is not a for a in holdings.actors)

@@ -19,6 +19,7 @@ from raydist.core.backend import TORCH_BACKEND
 from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
 from raydist.pool.cluster.seam import Cluster, Pending, Reservation, Worker
 from raydist.pool.driver.agents import NodeAgents, explain_deaths
+from raydist.pool.driver.attempt import Attempt
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
@@ -30,7 +31,6 @@ from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
-from raydist.pool.driver.world import Watchers, World
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, worker_env
@@ -126,7 +126,7 @@ def _shared_device_backend(hooks: GroupHooks, holdings: Holdings, workers: Seque
 
 
 class GroupBuilder:
-    """Builds one group's holdings, then each attempt's ``World``; see the module docstring."""
+    """Builds one group's holdings, then each ``Attempt``; see the module docstring."""
 
     def __init__(
         self,
@@ -154,19 +154,19 @@ class GroupBuilder:
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
 
-    def build(self, holdings: Holdings, number: int) -> World:
-        """Attempt ``number``'s first world on ``holdings`` (from ``reserve``); on
+    def build(self, holdings: Holdings, number: int) -> Attempt:
+        """Attempt ``number`` on new ``holdings`` (from ``reserve``); on
         any failure everything made so far is released."""
         try:
             actors = self.create(holdings, range(holdings.slots))
             placements = self.describe(holdings, actors, range(len(actors)))
             ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
-            world = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
-            world_ready(world)
+            attempt = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
+            world_ready(attempt)
             # Off the start path: the other nodes' agents start while the first call runs.
-            holdings.agents.start([worker.node_id for worker in world.workers] + [spare.node_id for spare in standby])
-            return world
+            holdings.agents.start([worker.node_id for worker in attempt.workers] + [spare.node_id for spare in standby])
+            return attempt
         except BaseException:  # KeyboardInterrupt included: leave nothing running
             self.abandon(holdings)
             raise
@@ -222,30 +222,30 @@ class GroupBuilder:
 
     def attempt(
         self, holdings: Holdings, actors: Dict[int, Worker], placements: List[Placement], number: int, standby: Sequence[Placement] = ()
-    ) -> World:
-        """Attempt ``number``'s world from where its workers landed (``actors`` by
-        slot): ranks, output, round trip 2 (set up), then its watchers."""
+    ) -> Attempt:
+        """Attempt ``number`` from where its workers landed (``actors`` by
+        slot): ranks, output, round trip 2 (set up), then its watchers started."""
         workers = assign_ranks(placements, self._cluster.driver_node(), self._node_order, standby)
         if holdings.request.node_layout:
             broken = node_layout_broken(workers, holdings.request.per_bundle)
             if broken:  # Ray placed a bundle's workers apart: the promise of the layout would be a lie
                 raise InfeasibleResourcesError(f"the placement broke the node layout: {broken}")
         routes = tuple(self._logs.attempt(number, workers))
-        output, watching = GroupOutput(workers, routes, self._router), Watchers(DebugRelay(self._cluster.driver_ip()))
+        output, relay = GroupOutput(workers, routes, self._router), DebugRelay(self._cluster.driver_ip())
         ranked = tuple(actors[w.actor_index] for w in workers)
         try:
             master_port = next(p.free_port for p in placements if p.index == workers[0].actor_index)
-            contexts = self._set_up(holdings, ranked, workers, routes, output, watching, number, master_port)
+            contexts = self._set_up(holdings, ranked, workers, routes, output, relay, number, master_port)
         except BaseException:
-            watching.stop()
+            relay.stop()
             output.close()
             raise
-        recorder, timeline, summary = self.config.flight_recorder, self.timeline, self.summary
-        world = World(
-            number, ranked, tuple(workers), tuple(contexts), routes, output, holdings.agents, watching, recorder, timeline, summary
+        config = self.config
+        attempt = Attempt(
+            number, ranked, workers, contexts, routes, output, holdings.agents, relay, self.timeline, self.summary, config.flight_recorder
         )
-        watching.start(*watchers(self.config, holdings, world, self._stop_group))
-        return world
+        attempt.start(*watchers(config, holdings, attempt, self._stop_group))
+        return attempt
 
     def _set_up(
         self,
@@ -254,13 +254,13 @@ class GroupBuilder:
         workers: Sequence[WorkerInfo],
         routes: Sequence[RankRoute],
         output: GroupOutput,
-        watching: Watchers,
+        relay: DebugRelay,
         number: int,
         master_port: int,
     ) -> List[Any]:
         """Round trip 2: each rank's launcher environment, then initialization, on all ranks at once."""
         self._master_ports.add(master_port)
-        shared = {**self._extra_env, **(watching.relay.env() if watching.relay is not None else {}), **output.worker_env()}
+        shared = {**self._extra_env, **relay.env(), **output.worker_env()}
         specs = self._specs(holdings, workers, routes, shared, number, master_port)
         calls = [self._cluster.call(actor, "setup", spec) for actor, spec in zip(actors, specs)]
         return self._await(workers, calls, "initialised", holdings.agents)
@@ -341,18 +341,18 @@ def _output_env(routes: Sequence[RankRoute], worker: WorkerInfo) -> Dict[str, st
 
 
 def watchers(
-    config: RunConfig, holdings: Holdings, world: World, stop_group: Callable[[], None]
+    config: RunConfig, holdings: Holdings, attempt: Attempt, stop_group: Callable[[], None]
 ) -> Tuple[GroupWatcher, Optional[StragglerWatch]]:
-    """``world``'s watchers, started: drains (warn the ranks on a draining
+    """``attempt``'s watchers, to start: drains (warn the ranks on a draining
     node; with restart_to_grow, stop the group to grow) and stragglers."""
-    workers, request, sizes = world.workers, holdings.request, config.worker_range
+    workers, request, sizes = attempt.workers, holdings.request, config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
         node = workers[ranks[0]].node_id if ranks else None
-        world.timeline.instant(
-            f"node {(node or '?')[:12]} draining", "node", attempt=world.attempt, node=node, deadline=deadline, ranks=ranks
+        attempt.timeline.instant(
+            f"node {(node or '?')[:12]} draining", "node", attempt=attempt.number, node=node, deadline=deadline, ranks=ranks
         )
-        world.agents.ask(workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
+        attempt.agents.ask(workers, ranks, "preempt", deadline, config.preemption_signal, start_missing=False)
 
     def room() -> int:
         # Whole nodes under the node layout: never a second bundle on a node the group holds.
@@ -364,11 +364,11 @@ def watchers(
         return min(sizes[1] - len(workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
-    drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster).start()
+    drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster)
     watch = (
         StragglerWatch(
-            workers, world.agents, holdings.cluster, timeline=world.timeline, attempt=world.attempt, since=holdings.cluster.time()
-        ).start()
+            workers, attempt.agents, holdings.cluster, timeline=attempt.timeline, attempt=attempt.number, since=holdings.cluster.time()
+        )
         if config.flight_recorder
         else None
     )

@@ -15,7 +15,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from raydist.config import RunConfig
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 
@@ -40,9 +39,9 @@ class RunState:
         """A group's state: the run's ``name`` (released by the run), or its own."""
         return RunState() if name is None else RunState(name, owned=False)
 
-    def env(self, config: RunConfig, cluster: Cluster) -> Dict[str, str]:
-        """The variable that tells every rank where the run's state lives."""
-        settings = {"name": self.name, "driver_node": cluster.driver_node(), "state_dir": config.state_dir, "keep": config.state_keep}
+    def env(self, cluster: Cluster, state_dir: Optional[str], keep: int) -> Dict[str, str]:
+        """The variable that tells every rank where the run's state lives (``state_dir``, ``keep``: the run's options)."""
+        settings = {"name": self.name, "driver_node": cluster.driver_node(), "state_dir": state_dir, "keep": keep}
         return {STATE_SETTINGS_VAR: json.dumps(settings)}
 
     def abort(self, cluster: Cluster, attempt: int) -> None:

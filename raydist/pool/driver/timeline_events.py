@@ -10,25 +10,25 @@ from __future__ import annotations
 from typing import Collection, Dict, Sequence
 
 from raydist.errors import WorkerFailure, root_cause
+from raydist.pool.driver.attempt import Attempt
 from raydist.pool.driver.waiting import Waited
-from raydist.pool.driver.world import World
 from raydist.pool.records import WorkerInfo
 from raydist.pool.rules.explain import NODE_LOST_TEXT
 
 
-def call_ended(world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
-    """Call ``number`` on ``world`` ended as ``waited`` says (``failures``: its failed ranks, deaths explained)."""
-    with world.timeline.batch():  # every rank's events in one write
-        _call_ended(world, number, sent_at, waited, failures)
+def call_ended(attempt: Attempt, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
+    """Call ``number`` on ``attempt`` ended as ``waited`` says (``failures``: its failed ranks, deaths explained)."""
+    with attempt.timeline.batch():  # every rank's events in one write
+        _call_ended(attempt, number, sent_at, waited, failures)
 
 
-def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
-    timeline = world.timeline
+def _call_ended(attempt: Attempt, number: int, sent_at: float, waited: Waited, failures: Sequence[WorkerFailure]) -> None:
+    timeline = attempt.timeline
     now, failed = timeline.now(), {failure.rank: failure for failure in failures}
     ran: Dict[int, float] = {}
-    for worker in world.workers:
+    for worker in attempt.workers:
         rank, own = worker.rank, waited.spans.get(worker.rank, ())
-        timeline.spans(own, rank, worker.node_id, attempt=world.attempt, pid=worker.pid)
+        timeline.spans(own, rank, worker.node_id, attempt=attempt.number, pid=worker.pid)
         call = next(((start, end) for _, cat, start, end, _ in own if cat == "call"), None)
         if call is not None:
             ran[rank] = call[1] - call[0]
@@ -39,9 +39,9 @@ def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failu
         if timeline.on:
             ended = "failed" if failure else "not finished" if rank in waited.pending else "finished"
             timeline.span(
-                "call", "call", sent_at, end, rank, worker.node_id, attempt=world.attempt, pid=worker.pid, call=number, ended=ended
+                "call", "call", sent_at, end, rank, worker.node_id, attempt=attempt.number, pid=worker.pid, call=number, ended=ended
             )
-    world.summary.call_ended(world.attempt, ran, waited.spans, waited.waits, failures)
+    attempt.summary.call_ended(attempt.number, ran, waited.spans, waited.waits, failures)
     if not timeline.on:
         return
     if not failures:
@@ -60,7 +60,7 @@ def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failu
             at,
             failure.rank,
             failure.node_id or None,
-            attempt=world.attempt,
+            attempt=attempt.number,
             pid=failure.pid,
             cause=failure.summary(),
             root_cause=failure is root,
@@ -68,35 +68,37 @@ def _call_ended(world: World, number: int, sent_at: float, waited: Waited, failu
         )
         if failure.died == NODE_LOST_TEXT and failure.node_id not in lost:
             lost.add(failure.node_id)
-            timeline.instant(f"node {failure.node_id[:12]} lost", "node", at, attempt=world.attempt, node=failure.node_id)
+            timeline.instant(f"node {failure.node_id[:12]} lost", "node", at, attempt=attempt.number, node=failure.node_id)
 
 
-def late_results(world: World, late: Waited) -> None:
-    """What ranks of ``world`` sent with a result that came back only while a
+def late_results(attempt: Attempt, late: Waited) -> None:
+    """What ranks of ``attempt`` sent with a result that came back only while a
     warm restart settled them (their start-up, their waits): kept as a
     result's are, so a kept process's start is not lost."""
     if not late.spans and not late.waits:
         return
-    with world.timeline.batch():
-        for worker in world.workers:
+    with attempt.timeline.batch():
+        for worker in attempt.workers:
             if worker.rank in late.spans:
-                world.timeline.spans(late.spans[worker.rank], worker.rank, worker.node_id, attempt=world.attempt, pid=worker.pid)
-    world.summary.call_ended(world.attempt, {}, late.spans, late.waits, [])
+                attempt.timeline.spans(late.spans[worker.rank], worker.rank, worker.node_id, attempt=attempt.number, pid=worker.pid)
+    attempt.summary.call_ended(attempt.number, {}, late.spans, late.waits, [])
 
 
-def world_ready(world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collection[int] = ()) -> None:
-    """``world`` is set up: an instant on the driver's row; a spare that took a
+def world_ready(attempt: Attempt, old: Sequence[WorkerInfo] = (), spare_pids: Collection[int] = ()) -> None:
+    """``attempt`` is set up: an instant on the driver's row; a spare that took a
     rank's place, on that rank's row."""
-    timeline = world.timeline
-    world.summary.world_ready(world.attempt, world.workers, timeline.now())
+    timeline = attempt.timeline
+    attempt.summary.world_ready(attempt.number, attempt.workers, timeline.now())
     if not timeline.on:
         return
     was = {worker.pid: worker.rank for worker in old}  # a kept process's rank in the world before
-    what = "restart" if world.attempt else "start"
+    what = "restart" if attempt.number else "start"
     # Which process holds which rank: a restart may renumber the kept ones.
-    processes = {str(worker.rank): worker.pid for worker in world.workers}
-    timeline.instant(f"world {world.attempt} ready ({world.size} ranks)", what, attempt=world.attempt, size=world.size, processes=processes)
-    for worker in world.workers:
+    processes = {str(worker.rank): worker.pid for worker in attempt.workers}
+    timeline.instant(
+        f"world {attempt.number} ready ({attempt.size} ranks)", what, attempt=attempt.number, size=attempt.size, processes=processes
+    )
+    for worker in attempt.workers:
         rank, pid = worker.rank, worker.pid
         if pid in spare_pids:
             name, cat = f"a spare (pid {pid}) is rank {rank}", "spare"
@@ -106,4 +108,4 @@ def world_ready(world: World, old: Sequence[WorkerInfo] = (), spare_pids: Collec
             name, cat = f"rank {rank} is the old rank {was[pid]} (pid {pid})", "restart"
         else:
             continue
-        timeline.instant(name, cat, rank=rank, node=worker.node_id, attempt=world.attempt, pid=pid, was_rank=was.get(pid))
+        timeline.instant(name, cat, rank=rank, node=worker.node_id, attempt=attempt.number, pid=pid, was_rank=was.get(pid))

@@ -242,19 +242,43 @@ def test_one_module_decides_restarts() -> None:
     assert askers == {"raydist.pool.driver.attempts"}
 
 
-def test_a_world_is_built_once_and_never_changed() -> None:
-    """``World`` is frozen with no private fields (no end state riding inside
-    it), and nothing makes a changed copy of one: what changes while a world
-    runs (its watchers, its attachments, its output's end) has its own owner."""
-    import dataclasses
-
-    from raydist.pool.driver.world import World
-
-    assert World.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    assert [f.name for f in dataclasses.fields(World) if f.name.startswith("_")] == []
-    copies = [
+def test_an_attempt_is_made_in_one_place_and_numbered_by_the_one_counter() -> None:
+    """One object per attempt: only ``GroupBuilder`` makes an ``Attempt``, and
+    only ``Attempts`` counts them (no module adds to an attempt's number)."""
+    makers = {
         name
         for name, tree in MODULES.items()
-        if "dataclasses.replace(world" in ast.unparse(tree) or "replace(self, attached" in ast.unparse(tree)
-    ]
-    assert copies == []
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Attempt"
+    }
+    assert makers == {"raydist.pool.driver.startup"}
+    counters = {
+        name
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and _is_number(node.target))
+        or (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Constant) and _is_number(node.left))
+    }
+    assert counters == {"raydist.pool.driver.attempts"}
+
+
+def _is_number(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "number"
+
+
+def test_an_attempts_watchers_are_its_own() -> None:
+    """What watches an attempt's ranks is started and stopped by the attempt
+    itself (``Attempt.start`` / ``stop_watching``), nowhere else."""
+    outside = sorted(
+        name
+        for name, tree in MODULES.items()
+        if name != "raydist.pool.driver.attempt"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"start", "stop"}
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id in {"GroupWatcher", "StragglerWatch"}
+    )
+    assert outside == []
