@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -81,7 +82,8 @@ def _still_has_shape(nodes: List[Dict[str, Any]]) -> bool:
     with (a test that removed a node and did not add it back leaves it smaller)."""
     import ray
 
-    alive = [node for node in ray.nodes() if node["Alive"]]
+    draining = _draining()
+    alive = [node for node in ray.nodes() if node["Alive"] and node["NodeID"] not in draining]
     cpus = sum(node["Resources"].get("CPU", 0) for node in alive)
     return len(alive) == len(nodes) and cpus == sum(node.get("num_cpus", 0) for node in nodes)
 
@@ -93,7 +95,7 @@ def _restore_shape(cluster: Any) -> bool:
     False where the head is gone (the cluster must be started anew)."""
     import ray
 
-    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]} - set(_draining())  # a drained node takes nothing new
     specs: Dict[str, Dict[str, Any]] = _current["specs"]
     if cluster.head_node is None or cluster.head_node.node_id not in alive:
         return False
@@ -106,6 +108,32 @@ def _restore_shape(cluster: Any) -> bool:
             specs[cluster.add_node(**spec).node_id] = spec
     cluster.wait_for_nodes()
     return True
+
+
+def _draining() -> Dict[str, float]:
+    from raydist.pool.ray_private import draining_nodes
+
+    return draining_nodes()
+
+
+def drain_node(address: str, node_id: str, deadline_s: int) -> None:
+    """What a spot preemption does to a node: ``ray drain-node`` with a deadline
+    (the node stays up, taking nothing new; the warm cluster replaces it for the next test)."""
+    command = [
+        str(Path(sys.executable).parent / "ray"),
+        "drain-node",
+        "--address",
+        address,
+        "--node-id",
+        node_id,
+        "--reason",
+        "DRAIN_NODE_REASON_PREEMPTION",
+        "--reason-message",
+        "spot reclaim",
+        "--deadline-remaining-seconds",
+        str(deadline_s),
+    ]
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
 
 
 def start_cluster(nodes: List[Dict[str, Any]]) -> Any:

@@ -28,8 +28,9 @@ TIMEOUT_S = 8.0  # the group's timeout, where a scenario hangs a rank
 @dataclass(frozen=True)
 class Step:
     """What rank ``rank`` does in its call number ``call`` (0: the first a world
-    gets) of attempt ``attempt``: "die", "hang", "raise", "exit" or
-    "lose-node" (its node is taken away while it is in the call)."""
+    gets) of attempt ``attempt``: "die", "hang", "raise", "exit",
+    "lose-node" (its node is taken away while it is in the call) or
+    "drain-node" (its node is told to drain while it is in the call)."""
 
     kind: str
     rank: int
@@ -150,6 +151,15 @@ SCENARIOS: List[Scenario] = [
         restart_count=1,
         spread=True,
     ),
+    # A drain (a spot preemption): the notice's SIGTERM ends rank 1 (its code has no handler); the
+    # elastic world goes on without its node, the restart not counted against max_restarts.
+    Scenario(
+        "a node drained, the world shrinks",
+        (Step("drain-node", 1),),
+        (Ending("values", attempt=1),),
+        {"max_restarts": 0, "num_workers": (1, WORKERS), "restart_to_grow": False},
+        spread=True,
+    ),
     # Ctrl-C lands in the thread that reads; the call itself ends with the stop (read again: WorkerGroupClosed).
     Scenario("Ctrl-C while a call runs", (Step("hang", 1),), (Ending("KeyboardInterrupt"),), group=True, other_thread="interrupt"),
 ]
@@ -186,7 +196,7 @@ def behave(steps: Sequence[Step], call: int, mark_dir: Optional[str] = None) -> 
             os._exit(1)
         if step.kind == "hang":
             time.sleep(HANG_S)
-        if step.kind == "lose-node":  # (on Ray: the test takes this rank's node away once it is written)
+        if step.kind in ("lose-node", "drain-node"):  # (on Ray: the test takes or drains this rank's node once it is written)
             import ray
 
             with open(os.path.join(mark_dir or ".", f"rank-{rank}.node"), "w") as mark:

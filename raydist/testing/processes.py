@@ -6,6 +6,7 @@ started, each one's calls in the order sent, and how each process ended.
 from __future__ import annotations
 
 import itertools
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -57,7 +58,7 @@ class FakeProcesses:
 
     def start_agent(self, node_id: str, node_alive: bool) -> FakeAgent:
         number = next(self._numbers)
-        agent = FakeAgent(number, node_id, FIRST_PID + number, ended=self.ended)
+        agent = FakeAgent(number, node_id, FIRST_PID + number, ended=self.ended, killed=self.killed)
         self.agents.append(agent)
         self._queues[number] = []
         if not node_alive:
@@ -111,6 +112,12 @@ class FakeProcesses:
         """What a node's agent reads of the process ``pid``: (its stderr's tail, its exit status)."""
         process = next((w for w in self.workers if w.pid == pid), None)
         return (None, process.exit_code) if process is not None and not process.alive else (None, None)
+
+    def killed(self, pid: int, signal_name: str) -> None:
+        """A signal without a handler ended the worker ``pid`` (exit status: minus its number)."""
+        process = next((w for w in self.workers if w.pid == pid and w.alive), None)
+        if process is not None:
+            self.end(process, f"the worker died unexpectedly (killed by {signal_name})", -int(getattr(signal, signal_name)))
 
     def alive(self) -> List[str]:
         return [repr(w) for w in self.workers if w.alive] + [f"agent on {a.node_id}" for a in self.agents if a.alive]

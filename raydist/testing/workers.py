@@ -133,6 +133,7 @@ class FakeAgent(FakeProcess):
     """A ``NodeAgent`` stand-in: reads the evidence the cluster noted for each process on its node."""
 
     ended: Callable[[int], Tuple[Optional[str], Optional[int]]] = lambda pid: (None, None)
+    killed: Callable[[int, str], None] = lambda pid, signal_name: None  # a signal the fake's user code cannot handle
     warned: List[Tuple[int, float]] = field(default_factory=list)  # (rank, deadline) of each preemption warning
 
     def ping(self) -> int:
@@ -157,7 +158,12 @@ class FakeAgent(FakeProcess):
         return {rank: True for rank, _, _ in requests}
 
     def preempt(self, requests: List[Tuple[int, int, WorkerEvidence]], deadline: float, signal_name: Optional[str]) -> Dict[int, bool]:
+        """The deadline noted, then the signal sent, as a ``NodeAgent`` does; the
+        fake's user code has no handler, so the signal ends the rank's process."""
         self.warned.extend((rank, deadline) for rank, _, _ in requests)
+        if signal_name is not None:
+            for _, pid, _ in requests:
+                self.killed(pid, signal_name)
         return {rank: True for rank, _, _ in requests}
 
 

@@ -15,12 +15,13 @@ from typing import Any, List, Optional
 import contract_scenarios
 import pytest
 import ray
-from conftest import assert_nothing_left, wait_for
+from conftest import assert_nothing_left, drain_node, wait_for
 from contract_scenarios import SCENARIOS, WORKERS, Scenario, behave, ending_of
 
 import raydist
 
 pytestmark = [pytest.mark.timeout(240)]
+DRAIN_NOTICE_S = 20  # as the fake cluster's drain: the node is to go this long after the notice
 ray.cloudpickle.register_pickle_by_value(contract_scenarios)  # the workers need not find tests/ on their path
 
 
@@ -53,15 +54,19 @@ def act_once_rank_0_runs(scenario: Scenario, marks: Path, group: raydist.WorkerG
 
 
 def take_nodes_away(scenario: Scenario, marks: Path, cluster: Any) -> threading.Thread:
-    """Once a rank whose node a step takes away is in its call, remove that node (as a machine lost)."""
-    ranks = [step.rank for step in scenario.steps if step.kind == "lose-node"]
+    """Once a rank whose node a step takes away (or drains) is in its call,
+    remove that node (as a machine lost), or drain it (as a spot preemption)."""
+    steps = [step for step in scenario.steps if step.kind in ("lose-node", "drain-node")]
 
     def act() -> None:
-        for rank in ranks:
-            mark = marks / f"rank-{rank}.node"
-            wait_for(mark.exists, 120, f"rank {rank} in its call")
+        for step in steps:
+            mark = marks / f"rank-{step.rank}.node"
+            wait_for(mark.exists, 120, f"rank {step.rank} in its call")
             node_id = mark.read_text()
-            cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id), allow_graceful=False)
+            if step.kind == "drain-node":
+                drain_node(cluster.address, node_id, DRAIN_NOTICE_S)
+            else:
+                cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id), allow_graceful=False)
 
     thread = threading.Thread(target=act)
     thread.start()
@@ -87,7 +92,7 @@ def test_each_node_scenario_ends_as_on_the_fake(scenario: Scenario, cluster: Any
 
 
 def check_scenario(scenario: Scenario, tmp_path: Path) -> None:
-    options = dict(num_workers=WORKERS, accelerator="cpu", **scenario.options)
+    options = {"num_workers": WORKERS, "accelerator": "cpu", **scenario.options}
     if not scenario.group:
         try:
             outcome: Any = raydist.run(behave, args=(scenario.steps, 0, str(tmp_path)), **options)

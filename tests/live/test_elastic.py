@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import live_placement_groups
+from conftest import drain_node, live_placement_groups
 from marks import read_marks, write_mark
 
 import raydist
@@ -31,7 +30,6 @@ from raydist import cli
 
 NODE = {"num_cpus": 2}
 pytestmark = [pytest.mark.timeout(240), pytest.mark.nodes(NODE, NODE, NODE)]
-BIN = Path(sys.executable).parent
 # One worker per node: every worker start costs seconds of imports, and the
 # sizing, ordering and restarts under test work per worker whatever it asks for.
 WHOLE_NODE = {"CPU": 2}
@@ -83,25 +81,6 @@ def wait_until_idle(timeout: float = 30) -> None:
             return
         assert time.monotonic() < deadline, f"cluster not idle: free {free}"
         time.sleep(0.1)  # polling Ray's view, with a deadline
-
-
-def drain(cluster: Any, node_id: str, deadline_s: int) -> None:
-    """What a spot preemption does to a node: ``ray drain-node`` with a deadline."""
-    command = [
-        str(BIN / "ray"),
-        "drain-node",
-        "--address",
-        cluster.address,
-        "--node-id",
-        node_id,
-        "--reason",
-        "DRAIN_NODE_REASON_PREEMPTION",
-        "--reason-message",
-        "spot reclaim",
-        "--deadline-remaining-seconds",
-        str(deadline_s),
-    ]
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
 
 
 def run_in_thread(idle_first: bool = True, **options: Any) -> Dict[str, Any]:
@@ -228,7 +207,7 @@ def test_a_drained_node_warns_its_ranks_and_the_restart_is_not_counted(cluster: 
     drained = next(r["node_id"] for r in first if r["node_id"] != head)
     ranks_there = sorted(r["rank"] for r in first if r["node_id"] == drained)
     drained_at = time.time()
-    drain(cluster, drained, deadline_s=20)
+    drain_node(cluster.address, drained, deadline_s=20)
     results = finish(outcome)
     # The note each rank read its deadline from went with its process (nothing is left behind).
     assert not any(Path(rank["preemption_file"]).exists() for rank in first)
@@ -281,7 +260,7 @@ def test_draining_the_drivers_node_fails_at_once_instead_of_restarting(cluster: 
     wait_for_files(tmp_path, sum(1 for n in ray.nodes() if n["Alive"]))
     head = ray.get_runtime_context().get_node_id()
     started = time.monotonic()
-    drain(cluster, head, deadline_s=60)
+    drain_node(cluster.address, head, deadline_s=60)
     outcome["thread"].join(60)
     assert not outcome["thread"].is_alive(), "the run hung instead of failing"
     assert isinstance(outcome.get("error"), raydist.WorkerGroupError), outcome

@@ -8,7 +8,7 @@ import logging
 from typing import Any, Callable, List
 
 import pytest
-from contract_scenarios import SCENARIOS, WORKERS, Scenario, behave, ending_of
+from contract_scenarios import HANG_S, SCENARIOS, WORKERS, Scenario, behave, ending_of
 
 from raydist.config import RunConfig
 from raydist.errors import RaydistError, WorkerGroupClosed
@@ -29,9 +29,9 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
 def faults_for(scenario: Scenario, futures: List[WorkerFuture], group: List[WorkerGroup]) -> List[Fault]:
     """The fake's faults: a rank that dies or hangs in its n-th call; another thread's act at rank 0's first call."""
     faults = [
-        Fault("execute", step.kind, who=step.rank, nth=step.attempt + step.call)
+        Fault("execute", step.kind, who=step.rank, nth=step.attempt + step.call, seconds=HANG_S if step.kind == "drain-node" else 0.0)
         for step in scenario.steps
-        if step.kind in ("die", "hang", "lose-node")
+        if step.kind in ("die", "hang", "lose-node", "drain-node")
     ]
     act: Callable[[], Any]
     if scenario.other_thread == "interrupt":
@@ -57,7 +57,7 @@ def test_each_scenario_ends_as_the_contract_says_on_the_fake(scenario: Scenario)
     futures: List[WorkerFuture] = []
     holder: List[WorkerGroup] = []
     cluster = FakeCluster(SPREAD if scenario.spread else NODES, faults_for(scenario, futures, holder))
-    config = RunConfig(num_workers=WORKERS, flight_recorder=False, **scenario.options)
+    config = RunConfig(**{"num_workers": WORKERS, "flight_recorder": False, **scenario.options})
     if not scenario.group:
         try:
             outcome: Any = run_call(RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, behave, (scenario.steps, 0)))
