@@ -76,10 +76,12 @@ test: install-test
 
 # The repetition variants at the counts the acceptance lists ask for (20
 # layout runs, 30 failing runs, 200 horovod re-inits, ...): leaks and rare
-# races that a short run would miss; and the behaviours `make test` checks
-# once, again through their other entry points, shapes and examples.
+# races that a short run would miss; the behaviours `make test` checks
+# once, again through their other entry points, shapes and examples; and
+# the live tests whose behaviour `make test` shows through another (each
+# names it). In two processes, as the live tier of `make test`.
 soak: install-test horovod
-	$(PY) -m pytest -q -m soak tests/live
+	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
 
 # The GPU tier (tests/gpu), on a machine with a CUDA GPU; elsewhere every test
 # is skipped, saying why. Not part of `make test`. It installs nothing and needs

@@ -69,7 +69,9 @@ def slurm_tasks(nodes: int, tasks_per_node: int) -> List[Dict[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("nodes,tasks_per_node", [(1, 2), (2, 1)], ids=["1node-2tasks", "2nodes-1task"])
+@pytest.mark.parametrize(
+    "nodes,tasks_per_node", [pytest.param(1, 2, marks=pytest.mark.soak), (2, 1)], ids=["1node-2tasks", "2nodes-1task"]
+)  # make test: two nodes, the harder
 def test_fake_slurm_job(tmp_path: Path, nodes: int, tasks_per_node: int) -> None:
     tasks = slurm_tasks(nodes, tasks_per_node)
     run_fake_slurm("core_worker.py", tasks, tmp_path)

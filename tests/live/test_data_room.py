@@ -90,6 +90,7 @@ def assert_rows_split_whole(per_rank: List[List[int]]) -> None:
     assert len(per_rank) == 2 and len(rows) == len(set(rows)) == 200, per_rank
 
 
+@pytest.mark.soak  # a private Ray of its own; make test: test_datasets_on_a_cluster_whose_cpus_the_workers_hold_fail_naming_the_fix
 def test_a_private_ray_leaves_ray_data_a_cpu_beside_workers_that_hold_the_machine(private_env: Dict[str, str], tmp_path: Path) -> None:
     # Two workers holding every CPU of the machine (-n equal to the cores, on the 2-core machine this was found on).
     per_worker = f"{machine_cpus() / 2:g}"

@@ -142,6 +142,7 @@ def dies_in_epoch_zero(batch_size: int) -> List[EpochRows]:
     return read_epochs("train", 2, batch_size, False, 0, "numpy")
 
 
+@pytest.mark.soak  # make test: splits on Ray (test_random_layouts_give_equal_batches_disjoint_full_epochs) and a restart's retry (test_faults::test_restart_after_crash_reruns_on_a_new_group)
 def test_a_reader_killed_mid_epoch_restarts_on_a_fresh_split() -> None:
     # The group's timeout would fail the run if a survivor waited in the split's barrier for the dead reader.
     per_rank = raydist.run(
@@ -200,6 +201,7 @@ def ignores_the_shard() -> int:
     return dist.get_rank()
 
 
+@pytest.mark.soak  # the rule: tests/unit/rules/test_batches.py (no_cpus_for_data); make test: test_data_room's cluster whose CPUs the workers hold
 def test_datasets_on_a_ray_with_no_cpu_left_warn_at_submit(caplog: pytest.LogCaptureFixture) -> None:
     """Every CPU of the shared Ray held by the workers: Ray Data could never run a task."""
     cpus = ray.cluster_resources()["CPU"]

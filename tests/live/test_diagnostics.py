@@ -86,6 +86,7 @@ def test_timeout_names_where_each_rank_was_and_marks_the_odd_one() -> None:
     assert_nothing_left()
 
 
+@pytest.mark.soak  # make test: test_hangs::test_stacks_of_a_live_group_say_where_the_collectives_diverged
 @pytest.mark.usefixtures("ray_local")
 def test_stacks_of_a_live_group_without_stopping_it() -> None:
     with raydist.WorkerGroup(2, resources_per_worker={"CPU": 0.5}) as group:
@@ -121,6 +122,7 @@ def return_unpicklable_on_rank_one() -> Any:
     return Unpicklable() if dist.get_rank() == 1 else 0
 
 
+@pytest.mark.soak  # make test: test_unusual_inputs::test_a_value_that_cannot_be_unpickled_on_the_driver_is_reported_as_such
 @pytest.mark.usefixtures("ray_local")
 def test_an_unpicklable_return_value_names_the_rank_and_type() -> None:
     with pytest.raises(raydist.WorkerGroupError) as caught:

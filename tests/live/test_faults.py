@@ -53,6 +53,7 @@ def test_worker_process_death_is_reported_fast(how: str) -> None:
     assert_nothing_left()
 
 
+@pytest.mark.soak  # make test: test_worker_process_death_is_reported_fast and test_diagnostics' dead rank (SIGKILL)
 @pytest.mark.usefixtures("ray_local")
 def test_sigkill_from_the_driver_is_reported_fast() -> None:
     group = raydist.WorkerGroup(2)
@@ -228,6 +229,7 @@ def test_ctrl_c_in_the_driver_kills_every_worker(tmp_path: Any, ready: int) -> N
     assert_nothing_left()
 
 
+@pytest.mark.soak  # make test: test_interrupts::test_sigint_at_any_moment_stops_the_run_and_everything_it_started
 @pytest.mark.usefixtures("ray_local")
 def test_ctrl_c_in_a_python_driver_kills_every_worker() -> None:
     driver = subprocess.Popen(

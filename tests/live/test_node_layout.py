@@ -272,6 +272,7 @@ def crash_on_rank_1_first(marker_dir: str) -> Dict[str, Any]:
     return info
 
 
+@pytest.mark.soak  # the rule (node layout: fresh): tests/unit/rules/test_rules.py; a fresh restart on Ray: test_faults::test_restart_after_crash_reruns_on_a_new_group (make test)
 def test_a_crash_under_the_node_layout_restarts_whole_in_fresh_processes(cluster: Any, tmp_path: Path) -> None:
     """A node's workers share one bundle, so a warm restart (the API's default)
     cannot seat one replacement: the group restarts whole, the layout intact.

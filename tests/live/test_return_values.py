@@ -96,6 +96,7 @@ def test_a_generator_returned_by_a_new_run_fails_naming_the_rank_and_type(kind: 
     assert_nothing_left()
 
 
+@pytest.mark.soak  # make test: test_a_generator_returned_by_a_new_run_fails_naming_the_rank_and_type
 def test_a_generator_returned_by_a_warm_group_fails_on_each_path() -> None:
     # A failed call ends its group: one group per path, each warm (a call done before).
     for send in (

@@ -27,6 +27,7 @@ def tagged_sum(tag: int, size: int) -> Tuple[int, float, int]:
     return tag, values[0].item(), values.numel()
 
 
+@pytest.mark.soak  # make test: test_submitted_futures_from_threads_resolve_in_any_order; every interleaving on the fake: tests/unit/driver/test_engine_calls_in_flight.py
 def test_eight_threads_of_collective_calls_all_right() -> None:
     errors: List[BaseException] = []
     wrong: List[str] = []

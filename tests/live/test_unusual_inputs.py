@@ -58,7 +58,7 @@ def group_state() -> List[Any]:
 
 
 def test_a_world_of_one_has_its_process_group() -> None:
-    assert raydist.run(group_state, num_workers=1, backend="gloo") == [[True, 1]]
+    # (with --backend gloo: the CLI's case, in soak)
     assert raydist.run(group_state, num_workers=1) == [[True, 1]]  # init_process_group is on by default
     assert raydist.run(group_state, num_workers=1, init_process_group=False) == [[False, 0]]
 
@@ -179,6 +179,7 @@ threading.Event().wait()  # the driver lives on, as a notebook kernel does
 """
 
 
+@pytest.mark.soak  # make test: test_interrupts' SIGINT at a moment; a stop at each moment: tests/unit/driver/test_engine_faults.py
 def test_an_interrupt_during_shutdown_leaves_nothing() -> None:
     driver = subprocess.Popen(
         [sys.executable, "-c", INTERRUPTED_SHUTDOWN, ray.get_runtime_context().gcs_address],
@@ -248,6 +249,7 @@ def block_forever() -> None:
     threading.Event().wait()
 
 
+@pytest.mark.soak  # make test: test_diagnostics::test_a_dead_rank_is_reported_with_its_cause_and_last_stderr_lines (a signal named)
 def test_a_rank_killed_by_sigterm_from_outside_is_reported_with_the_signal() -> None:
     group = raydist.WorkerGroup(2)
     future = group.submit(block_forever)
@@ -268,6 +270,7 @@ def install_user_sigusr2_handler(path: str) -> None:
     signal.signal(signal.SIGUSR2, handler)  # what SLURM users do for --signal=USR2@90
 
 
+@pytest.mark.soak  # make test: test_hangs::test_stacks_of_a_live_group_say_where_the_collectives_diverged (stacks of a live group)
 def test_a_users_sigusr2_handler_does_not_disable_stacks(tmp_path: Path) -> None:
     note = tmp_path / "sigusr2"
     with raydist.WorkerGroup(2, preemption_signal="SIGUSR2") as group:  # raydist does not use SIGUSR2 itself
@@ -291,6 +294,7 @@ def unpicklable() -> CannotPickle:
     return CannotPickle()
 
 
+@pytest.mark.soak  # make test: test_a_value_that_cannot_be_unpickled_on_the_driver_is_reported_as_such
 def test_an_unpicklable_value_costs_no_output_wait(caplog: pytest.LogCaptureFixture) -> None:
     with raydist.WorkerGroup(1) as group:
         start = time.monotonic()

@@ -246,7 +246,11 @@ class RunController:
 
     def _end_calls(self) -> bool:
         """End the calls in flight whose ranks are back, oldest first (each rank
-        runs its calls in order); whether any ended."""
+        runs its calls in order); whether any ended. After ``ray.shutdown()``
+        nothing can be read: the run stops, its calls ending with why."""
+        if self._in_flight and self.cluster.session() != self.session:
+            self.stop(CallEnd.SHUT_DOWN)
+            return True
         ended = False
         while self._in_flight:
             future = self._in_flight[min(self._in_flight)]
@@ -402,11 +406,13 @@ class RunController:
             self._state.release(self.cluster)  # after the ranks: the last step they saved is written out first
         self._hooks.stop()
         self.summary.ended(cause.value)
-        endings = []
+        endings: List[Tuple[WorkerFuture, Optional[List[Any]], Optional[RaydistError]]] = []
         for number in sorted(self._in_flight):
             future = self._in_flight.pop(number)
-            if self.cluster.session() == self.session:
-                future.wait.take(grace=0.0)
+            if self.cluster.session() != self.session:  # its ranks went with Ray: nothing of them can be read
+                endings.append((future, None, WorkerGroupClosed(CALL_SESSION_GONE)))
+                continue
+            future.wait.take(grace=0.0)
             endings.append((future, *ending_of(future, cause, self.config.timeout)))
         if attempt is not None:
             settled, waited = settle if settle is not None else (None, Waited([]))

@@ -120,7 +120,7 @@ class CallWait:
         self._cluster, self._workers, self._actors = cluster, workers, actors
         self.deadline = deadline  # the group's timeout for the call (on the cluster's clock), if any
         self._pending: Dict[Pending, int] = {ref: rank for rank, ref in enumerate(refs)}
-        self.waited = Waited(results=[None] * len(refs))
+        self.waited = Waited(results=[None] * len(refs), pending=list(range(len(refs))))  # no rank is back until read
         self._news = False  # a rank's call ended since the last read (``Cluster.when_ended``)
 
     def news(self) -> None:

@@ -10,9 +10,9 @@ import re
 import pytest
 
 from raydist.config import RunConfig
-from raydist.errors import WorkerCallCancelled, WorkerGroupError, WorkerGroupTimeout
+from raydist.errors import WorkerCallCancelled, WorkerGroupClosed, WorkerGroupError, WorkerGroupTimeout
 from raydist.pool.driver.calls import prepare_call
-from raydist.pool.driver.controller import RunController, run_call
+from raydist.pool.driver.controller import CALL_SESSION_GONE, RunController, run_call
 from raydist.pool.driver.group import WorkerGroup
 from raydist.pool.records import GroupPhase
 from raydist.testing.fake import FakeCluster, Fault
@@ -49,6 +49,19 @@ def test_the_groups_own_timeout_tears_down_and_asking_again_gives_the_same_error
     assert second.value is first.value and first.value.timeout == 1
     assert str(first.value).startswith("timed out after 1 s; rank 1 had not finished")
     assert group.closed and cluster.monotonic() == 1.0 and cluster.leftovers() == []
+
+
+def test_a_call_that_ray_shutdown_cut_short_says_so_and_never_returns_values() -> None:
+    # ray.shutdown() (the fake's shutdown) while rank 1 is still in the call: none of its
+    # ranks can be read any more, so the call cannot have finished.
+    cluster = FakeCluster(NODES, [Fault("execute", "hang", who=1), Fault("execute", "act", who=0, action=lambda: cluster.shutdown())])
+    group = WorkerGroup(config=RunConfig(num_workers=2, flight_recorder=False), cluster=cluster)
+    future = group.submit(current_rank)
+    with pytest.raises(WorkerGroupClosed, match=re.escape(CALL_SESSION_GONE)):
+        future.result()
+    assert group.closed
+    with pytest.raises(WorkerGroupClosed, match=re.escape("has been shut down (ray.shutdown())")):
+        group.run(current_rank)
 
 
 def test_a_finished_calls_values_survive_the_cancel_of_a_later_call() -> None:
