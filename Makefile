@@ -62,7 +62,7 @@ demo: $(EXAMPLES_INSTALLED)
 # the type check and the docs build (warnings are errors: a broken link, a
 # missing page) run before the horovod build and the live tier, so a broken
 # rule fails fast. The live tier runs in two processes, each with its own Rays
-# (a file whole in one; tests/conftest.py orders the files, heaviest first):
+# (a file whole in one; tests/conftest.py hands the longest files out first):
 # a quarter of one process's time is spent waiting (a death, a timeout,
 # a Ray starting), which the other fills.
 test: install-test

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -194,20 +195,53 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             first_of_module[module] = min(first_of_module.get(module, need), need)
     order = {item: needs[item] if needs[item][0] else first_of_module.get(item.nodeid.split("::")[0], (0, "")) for item in items}
     items.sort(key=order.__getitem__)  # stable: a module keeps its order within each group
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        _share_out(items, needs)
 
 
-def _share_out(items: List[pytest.Item], needs: Dict[pytest.Item, Tuple[int, str]]) -> None:
+# Each live test's seconds (setup, call and teardown) as last measured on a
+# 2-core machine: `RAYDIST_TEST_COSTS=1 make test` (or `make soak`) updates the
+# tests it ran. They set the order in which files are handed out to processes.
+COSTS = REPO / "tests" / "live" / "costs.json"
+UNKNOWN_COST_S = 5.0  # a test not yet measured: about one run of a few workers
+
+
+class _ShareOut:
     """The order for several processes (``-n 2 --dist loadfile --no-loadscope-reorder``:
-    each file whole in one process, handed out in this order as processes come free):
-    the files that start the most Ray workers and clusters first, so that none of
-    them is left for the end while the other process waits."""
-    weight: Dict[str, int] = {}
-    for item, need in needs.items():  # a test that needs a Ray; a cluster's start weighs as much again
-        module = item.nodeid.split("::")[0]
-        weight[module] = weight.get(module, 0) + int(need[0] > 0) + int(need[0] == 2)
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: each file keeps its order
+    each file whole in one process, handed out in this order as processes come
+    free): the longest files first (by the selected tests' measured seconds), so
+    that no long file is left for the end while the other process waits."""
+
+    def __init__(self) -> None:
+        self.costs: Dict[str, float] = json.loads(COSTS.read_text()) if COSTS.exists() else {}
+        self.measured: Dict[str, float] = {}
+
+    @pytest.hookimpl(trylast=True)  # after -m deselected: only the tests that run count
+    def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            return
+        seconds: Dict[str, float] = {}
+        for item in items:
+            module = item.nodeid.split("::")[0]
+            seconds[module] = seconds.get(module, 0.0) + self.costs.get(item.nodeid, _unknown_cost(item))
+        items.sort(key=lambda item: -seconds[item.nodeid.split("::")[0]])  # stable: each file keeps its order
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.measured[report.nodeid] = self.measured.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        """With RAYDIST_TEST_COSTS set, in the process that ran or gathered every test: the costs updated."""
+        if os.environ.get("RAYDIST_TEST_COSTS") and not os.environ.get("PYTEST_XDIST_WORKER") and self.measured:
+            live = {nodeid: round(s, 1) for nodeid, s in self.measured.items() if nodeid.startswith("tests/live/")}
+            COSTS.write_text(json.dumps(dict(sorted({**self.costs, **live}.items())), indent=0) + "\n")
+
+
+def _unknown_cost(item: pytest.Item) -> float:
+    """A guess for a test not yet measured: a run per repetition (``repeats``)."""
+    callspec = getattr(item, "callspec", None)
+    return UNKNOWN_COST_S * (callspec.params.get("repeat", 1) if callspec is not None else 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_ShareOut(), "raydist-share-out")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

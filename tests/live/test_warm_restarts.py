@@ -5,6 +5,7 @@ and a node loss keeps every surviving rank in its process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -184,7 +185,10 @@ def footprint() -> Dict[str, Any]:
 
     process = psutil.Process()
     connections = process.net_connections(kind="tcp")
-    native = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+    native = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            native.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
     return {
         "pid": process.pid,
         "rss": process.memory_info().rss,
