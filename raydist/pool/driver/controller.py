@@ -400,7 +400,8 @@ class RunController:
         attempt, holdings = self.attempt, self.holdings
         if attempt is not None:
             attempt.stop_watching()  # kept: what it saw explains the failure
-        if self.cluster.session() == self.session:
+        gone = self.cluster.session() != self.session  # after ray.shutdown(): nothing of Ray to release or read
+        if not gone:
             if holdings is not None:
                 holdings.release(graceful)
             self._state.release(self.cluster)  # after the ranks: the last step they saved is written out first
@@ -409,7 +410,7 @@ class RunController:
         endings: List[Tuple[WorkerFuture, Optional[List[Any]], Optional[RaydistError]]] = []
         for number in sorted(self._in_flight):
             future = self._in_flight.pop(number)
-            if self.cluster.session() != self.session:  # its ranks went with Ray: nothing of them can be read
+            if gone:  # its ranks went with Ray
                 endings.append((future, None, WorkerGroupClosed(CALL_SESSION_GONE)))
                 continue
             future.wait.take(grace=0.0)
