@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 WORKERS = 2
 HANG_S = 3600.0  # "never" for a hung rank on Ray; the group's timeout ends it
 TIMEOUT_S = 8.0  # the group's timeout, where a scenario hangs a rank
+NODE_TAKEN_S = 150.0  # how long a rank waits for the test to take its node away (on Ray), then says it did not
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def behave(steps: Sequence[Step], call: int, mark_dir: Optional[str] = None) -> 
 
             with open(os.path.join(mark_dir or ".", f"rank-{rank}.node"), "w") as mark:
                 mark.write(ray.get_runtime_context().get_node_id())
-            time.sleep(HANG_S)
+            time.sleep(NODE_TAKEN_S)  # the node goes first; if it does not, the scenario fails saying so (not the test's timeout)
+            raise RuntimeError(f"rank {rank}'s node was still there {NODE_TAKEN_S:.0f} s after it asked for it to go")
     return rank, attempt
 
 

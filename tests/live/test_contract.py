@@ -8,6 +8,7 @@ in ``make soak``."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, List, Optional
@@ -53,24 +54,38 @@ def act_once_rank_0_runs(scenario: Scenario, marks: Path, group: raydist.WorkerG
     return thread
 
 
-def take_nodes_away(scenario: Scenario, marks: Path, cluster: Any) -> threading.Thread:
+class NodeTaker(threading.Thread):
     """Once a rank whose node a step takes away (or drains) is in its call,
-    remove that node (as a machine lost), or drain it (as a spot preemption)."""
-    steps = [step for step in scenario.steps if step.kind in ("lose-node", "drain-node")]
+    remove that node (as a machine lost), or drain it (as a spot preemption).
+    What went wrong here is kept for the test to report (``check``)."""
 
-    def act() -> None:
-        for step in steps:
-            mark = marks / f"rank-{step.rank}.node"
-            wait_for(mark.exists, 120, f"rank {step.rank} in its call")
-            node_id = mark.read_text()
-            if step.kind == "drain-node":
-                drain_node(cluster.address, node_id, DRAIN_NOTICE_S)
-            else:
-                cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id), allow_graceful=False)
+    def __init__(self, scenario: Scenario, marks: Path, cluster: Any):
+        super().__init__(name="node-taker")
+        self.steps = [step for step in scenario.steps if step.kind in ("lose-node", "drain-node")]
+        self.marks, self.cluster = marks, cluster
+        self.error: Optional[BaseException] = None
 
-    thread = threading.Thread(target=act)
-    thread.start()
-    return thread
+    def run(self) -> None:
+        try:
+            for step in self.steps:
+                mark = self.marks / f"rank-{step.rank}.node"
+                wait_for(mark.exists, 120, f"rank {step.rank} in its call")
+                node_id = mark.read_text()
+                if step.kind == "drain-node":
+                    drain_node(self.cluster.address, node_id, DRAIN_NOTICE_S)
+                    continue
+                nodes = [node for node in self.cluster.worker_nodes if node.node_id == node_id]
+                assert nodes, f"rank {step.rank}'s node {node_id} is none of the cluster's worker nodes"
+                self.cluster.remove_node(nodes[0], allow_graceful=False)
+        except BaseException as error:  # noqa: BLE001 - reported by the test's own thread
+            self.error = error
+            print(f"taking a node away failed: {error!r}", file=sys.stderr)
+
+    def check(self) -> None:
+        self.join(timeout=60)
+        assert not self.is_alive(), "taking the node away did not end"
+        if self.error is not None:
+            raise self.error
 
 
 def param(scenario: Scenario) -> Any:
@@ -86,9 +101,12 @@ def test_each_scenario_ends_as_on_the_fake(scenario: Scenario, tmp_path: Path, r
 @pytest.mark.nodes({"num_cpus": 0}, {"num_cpus": 1}, {"num_cpus": 1}, {"num_cpus": 1})
 @pytest.mark.parametrize("scenario", [param(s) for s in SCENARIOS if s.spread], ids=lambda s: s.name)
 def test_each_node_scenario_ends_as_on_the_fake(scenario: Scenario, cluster: Any, tmp_path: Path) -> None:
-    taker = take_nodes_away(scenario, tmp_path, cluster)
-    check_scenario(scenario, tmp_path)
-    taker.join(timeout=60)
+    taker = NodeTaker(scenario, tmp_path, cluster)
+    taker.start()
+    try:
+        check_scenario(scenario, tmp_path)
+    finally:
+        taker.check()
 
 
 def check_scenario(scenario: Scenario, tmp_path: Path) -> None:
