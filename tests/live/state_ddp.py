@@ -7,6 +7,7 @@ failed. A fault happens on the first attempt only."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import threading
 from typing import Any, Dict, Optional
@@ -16,6 +17,14 @@ import torch.distributed as dist
 from marks import write_mark
 
 import raydist
+
+# Per-parameter buckets (see ``train``): a cap per bucket where this torch takes one
+# (``bucket_cap_mb_list``, not in every torch raydist supports); else one cap, which an
+# older DDP applies to its first bucket too.
+_DDP_PARAMETERS = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+PER_PARAMETER_BUCKETS: Dict[str, Any] = (
+    {"bucket_cap_mb_list": [1e-6]} if "bucket_cap_mb_list" in _DDP_PARAMETERS else {"bucket_cap_mb": 1e-6}
+)
 
 
 def train(
@@ -44,7 +53,7 @@ def train(
     # a resumed run's first step would sum the same gradients in another layout
     # than the run without a failure (gloo's ring: last-bit differences).
     # Per-parameter buckets are laid out alike in every step.
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb_list=[1e-6])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, **PER_PARAMETER_BUCKETS)
     for step in range(0 if resumed is None else resumed + 1, steps):
         if attempt == 0 and step == crash_at:
             if marks:
