@@ -64,6 +64,22 @@ TIMEOUT = Option(
         help="stop the run and fail if the script has not finished on every rank after this many seconds (default: no limit)",
     ),
 )
+HANG_TIMEOUT = Option(
+    None,
+    check=optional(check_seconds),
+    doc="seconds ranks may fail to reach a collective the others wait in before raydist kills "
+    "them: their death is then a failure like any other (a warm restart puts a spare or a new "
+    "process in their place, within ``max_restarts``), named as a hang. None: only reported, "
+    "when the call fails. Needs the flight recorder.",
+    flag=flag(
+        "--hang-timeout",
+        parse=parse_seconds,
+        metavar="SECONDS",
+        help="replace ranks that have not reached a collective the others entered for this many "
+        "seconds (killed and restarted as a failure, within --max-restarts), instead of waiting "
+        "for the process group's timeout (default: only report where they hung)",
+    ),
+)
 STARTUP_TIMEOUT = Option(
     300.0,
     check=check_seconds,

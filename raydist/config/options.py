@@ -37,6 +37,7 @@ class RunConfig:
     env: Mapping[str, str] = process.ENV.field()
     placement_strategy: Optional[str] = placement.PLACEMENT_STRATEGY.field()
     timeout: Optional[float] = life.TIMEOUT.field()
+    hang_timeout: Optional[float] = life.HANG_TIMEOUT.field()
     startup_timeout: float = life.STARTUP_TIMEOUT.field()
     max_restarts: int = life.MAX_RESTARTS.field()
     retry_on_exception: bool = life.RETRY_ON_EXCEPTION.field()
@@ -132,6 +133,8 @@ def _check_combinations(config: RunConfig) -> None:
     _check_layout(config)
     _check_node_selection(config)
     _check_spares(config)
+    if config.hang_timeout is not None and not config.flight_recorder:
+        raise ValueError("hang_timeout needs torch's flight recorder, which is switched off: it is what says which ranks did not arrive")
 
 
 def _check_devices(config: RunConfig) -> None:

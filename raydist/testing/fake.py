@@ -212,6 +212,8 @@ class FakeCluster:
             self.lose_node(process.node_id)
         elif kind in ("hang", "slow"):
             call.state = "hung"
+            if kind == "hang" and fault.collective and isinstance(process, FakeWorker):  # type: ignore[union-attr]
+                self.processes.wait_in_collective(process, fault.collective, fault.entered, self.time())  # type: ignore[union-attr]
             if kind == "slow":
                 self.clock.after(fault.seconds, partial(self._finish_slow, call), "fake-slow-call")  # type: ignore[union-attr]
         else:

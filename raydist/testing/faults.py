@@ -17,7 +17,9 @@ class Fault:
     """On the ``nth`` (0: first) call of ``method`` on the worker ``who`` names,
     ``kind`` happens: ``raise`` (the call raises: the user's code, or raydist's
     own step), ``die`` (its process is killed: ``exit_code``), ``hang`` (the
-    call never returns), ``slow`` (it returns after ``seconds``), ``lose-node`` / ``drain-node`` (its node), ``act``
+    call never returns; with ``collective`` N, its rank completed all_reduces
+    1 to N-1 and waits in #N, or, not ``entered``, never reaches #N; a
+    rank's death fails the calls that wait in a collective, as gloo does), ``slow`` (it returns after ``seconds``), ``lose-node`` / ``drain-node`` (its node), ``act``
     (``action`` runs, as another thread would, before the call), ``interrupt``
     (Ctrl-C: the engine's wait raises KeyboardInterrupt). ``who``: the
     worker's rank once it has one, its slot before; None: any worker."""
@@ -29,6 +31,8 @@ class Fault:
     action: Optional[Callable[[], None]] = None
     exit_code: int = -9
     seconds: float = 0.0  # how long a "slow" call takes
+    collective: int = 0  # a "hang" at all_reduce #collective (0: none)
+    entered: bool = True  # the hung call waits in that collective (else it never reached it)
     fired: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import itertools
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from raydist.pool.cluster.seam import CallFailed, WorkerDied
+from raydist.pool.records import CollectiveEntry
 from raydist.testing.workers import FIRST_PID, FakeAgent, FakeProcess, FakeWorker, failed_outcome
 
 
@@ -58,7 +59,7 @@ class FakeProcesses:
 
     def start_agent(self, node_id: str, node_alive: bool) -> FakeAgent:
         number = next(self._numbers)
-        agent = FakeAgent(number, node_id, FIRST_PID + number, ended=self.ended, killed=self.killed)
+        agent = FakeAgent(number, node_id, FIRST_PID + number, ended=self.ended, killed=self.killed, recorded=self.recorded)
         self.agents.append(agent)
         self._queues[number] = []
         if not node_alive:
@@ -83,11 +84,40 @@ class FakeProcesses:
         self._queues[call.process.number].remove(call)
 
     def end(self, process: FakeProcess, how: str, exit_code: Optional[int]) -> None:
-        """The process is gone: its calls not yet ended fail, and so will any sent later."""
+        """The process is gone: its calls not yet ended fail, and so will any sent
+        later; a call waiting in a collective on another worker fails (its peer is gone)."""
         process.alive, process.how_it_ended, process.exit_code = False, how, exit_code
         for call in self._queues.get(process.number, []):
             call.finish(error=WorkerDied(how))
         self._queues[process.number] = []
+        if isinstance(process, FakeWorker):
+            self._break_collectives()
+
+    def _break_collectives(self) -> None:
+        """As gloo: a rank waiting in a collective fails once a peer process is gone."""
+        for worker in self.workers:
+            waiting = [entry for entry in worker.recorder if not entry.completed]
+            queue = self._queues.get(worker.number, [])
+            if not worker.alive or not waiting or not queue or queue[0].state != "hung":
+                continue
+            worker.recorder = [replace(entry, completed=True, failed=True) if not entry.completed else entry for entry in worker.recorder]
+            call = queue[0]
+            error = RuntimeError(f"[gloo] {waiting[0].op} #{waiting[0].seq}: Connection closed by peer")
+            call.finish(failed_outcome(error) if call.method == "execute" else None, None if call.method == "execute" else error)
+            self.done(call)
+
+    def wait_in_collective(self, worker: FakeWorker, seq: int, entered: bool, now: float) -> None:
+        """``worker`` completed all_reduces 1 to ``seq`` - 1 and, if ``entered``, waits in #``seq``."""
+
+        def entry(number: int, done: bool) -> CollectiveEntry:
+            return CollectiveEntry("0", number, "all_reduce", ((1,),), ("float32",), int(now * 1e9), done)
+
+        worker.recorder = [entry(n, True) for n in range(1, seq)] + ([entry(seq, False)] if entered else [])
+
+    def recorded(self, pid: int) -> List[CollectiveEntry]:
+        """A worker's flight recorder, as its node's agent reads it."""
+        process = next((w for w in self.workers if w.pid == pid and w.alive), None)
+        return list(process.recorder) if process is not None else []
 
     def end_all(self, how: str, which: Callable[[FakeProcess], bool] = lambda process: True, exit_code: Optional[int] = None) -> None:
         """Every process still alive (``which`` of them) is gone."""

@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from raydist.pool.records import Outcome, Placement, WorkerEvidence, WorkerSpec
+from raydist.pool.records import CollectiveEntry, Outcome, Placement, WorkerEvidence, WorkerSpec
 
 FIRST_PID = 50_000_000  # above any real pid (Linux's pid_max is at most 2**22): a stray signal finds no process
 FIRST_PORT = 40_000
@@ -71,6 +71,7 @@ class FakeWorker(FakeProcess):
     returned: str = ""
     last_call: Any = None
     load: Callable[[Any], Any] = pickle.loads  # how a sent call is read (the cluster's table)
+    recorder: List[CollectiveEntry] = field(default_factory=list)  # its flight recorder, what the agent reads
 
     def __repr__(self) -> str:
         return f"FakeWorker(#{self.number}, rank={self.rank}, slot={self.slot}, node={self.node_id})"
@@ -133,6 +134,7 @@ class FakeAgent(FakeProcess):
     """A ``NodeAgent`` stand-in: reads the evidence the cluster noted for each process on its node."""
 
     ended: Callable[[int], Tuple[Optional[str], Optional[int]]] = lambda pid: (None, None)
+    recorded: Callable[[int], List[CollectiveEntry]] = lambda pid: []  # a worker's flight recorder
     killed: Callable[[int, str], None] = lambda pid, signal_name: None  # a signal the fake's user code cannot handle
     warned: List[Tuple[int, float]] = field(default_factory=list)  # (rank, deadline) of each preemption warning
 
@@ -146,7 +148,7 @@ class FakeAgent(FakeProcess):
         return {rank: None for rank, _, _ in requests}
 
     def collectives(self, requests: List[Tuple[int, int, WorkerEvidence]]) -> Dict[int, Optional[list]]:
-        return {rank: [] for rank, _, _ in requests}
+        return {rank: list(self.recorded(pid)) for rank, pid, _ in requests}
 
     def clock(self) -> int:
         return 0

@@ -150,3 +150,32 @@ def test_a_raydist_run_script_with_its_own_process_group(tmp_path: Path) -> None
     )
     assert done.returncode == 1
     assert SKIPPED in done.stderr, done.stderr[-3000:]
+
+
+def skips_the_sixth_on_the_first_attempt() -> float:
+    """``last_rank_skips_the_sixth`` in attempt 0; in the next, every rank reaches
+    the sixth. The sum of the last all_reduce (every rank's 1: the world's size)."""
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        last_rank_skips_the_sixth()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def test_a_hung_rank_is_replaced_by_a_spare_after_the_hang_timeout() -> None:
+    # Rank 2 never reaches the sixth all_reduce: with hang_timeout it is killed after 3 s
+    # (not the process group's 30 minutes), the others' all_reduce fails (their peer gone),
+    # and the spare takes its place: the call, sent again by raydist.run, gives every rank's value.
+    start = time.monotonic()
+    values = raydist.run(
+        skips_the_sixth_on_the_first_attempt,
+        num_workers=3,
+        max_restarts=1,
+        spare_workers=1,
+        hang_timeout=3,
+        resources_per_worker=HALF_CPU,
+    )
+    assert values == [3.0, 3.0, 3.0]
+    assert time.monotonic() - start < 3 + 40  # start, the hang's 3 s, the warm restart: never the group's timeout
+    assert [a.number for a in values.summary.attempts] == [0, 1]  # type: ignore[attr-defined]
+    assert_nothing_left(within=30, files=False)  # the killed rank's files: the next start on this machine removes them

@@ -14,10 +14,11 @@ for the next attempt.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
-from raydist.errors import COLLECTIVES_HEADER, WorkerGroupClosed
+from raydist.errors import COLLECTIVES_HEADER, WorkerFailure, WorkerGroupClosed
 from raydist.pool.driver.agents import NodeAgents
 from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.output import GroupOutput
@@ -72,6 +73,7 @@ class Attempt:
         self._drains: Optional[GroupWatcher] = None  # node drains (and room to grow)
         self._watch: Optional[StragglerWatch] = None  # None with flight_recorder=False
         self._attached: Dict[str, Attachment] = {}
+        self._hung: Dict[int, str] = {}  # ranks raydist killed for a hang -> why (``note_hung``)
         self._lock = threading.Lock()  # attach() comes from the loop, stop from the loop or a failed start
         self._watching_ended = False
 
@@ -136,6 +138,19 @@ class Attempt:
     def grow_by(self) -> int:
         drains = self._drains
         return drains.grow_by if drains is not None else 0
+
+    # -- a hang acted on ----------------------------------------------------
+
+    def note_hung(self, ranks: Sequence[int], why: str) -> None:
+        """``ranks`` are being killed for a hang (``why``): their deaths say so."""
+        with self._lock:
+            self._hung.update({rank: why for rank in ranks})
+
+    def explain_hung(self, failures: Sequence[WorkerFailure]) -> List[WorkerFailure]:
+        """``failures`` with each death raydist caused for a hang said as such."""
+        with self._lock:
+            hung = dict(self._hung)
+        return [dataclasses.replace(f, died=hung[f.rank]) if f.crashed and f.rank in hung else f for f in failures]
 
     # -- the end -----------------------------------------------------------
 

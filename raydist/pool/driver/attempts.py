@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.startup import Holdings
-from raydist.pool.rules.policy import Decision, Facts, RestartReason, decide, restart_line
+from raydist.pool.rules.hangs import NotArrived
+from raydist.pool.rules.policy import Decision, Facts, RestartReason, decide, replace_hung, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
 
 logger = logging.getLogger("raydist")
@@ -65,6 +66,10 @@ class Attempts:
         if decision.why_not:
             logger.error("raydist: %s", decision.why_not)
         return decision
+
+    def hung(self, hang: NotArrived, stopping: bool) -> Tuple[int, ...]:
+        """The policy's answer to a hang: the ranks to kill (their death is then decided on as a failure)."""
+        return replace_hung(hang, stopping)
 
     def count(self, decision: Decision, error: BaseException, old_size: int) -> None:
         """The next attempt begins after ``error``: counted, logged, remembered."""

@@ -5,7 +5,7 @@ loop (``Cluster.run_loop``: a thread on Ray; turns at virtual moments on
 the fake cluster). User threads never change the run: they post an event
 (``raydist.pool.driver.events``: start, submit, cancel, shutdown, Ctrl-C)
 and wait for its reply or for their call's future. The drain watcher posts
-the room it found. On each turn the loop takes the events in order, then
+the room it found; with ``hang_timeout``, the straggler watch posts a hang. On each turn the loop takes the events in order, then
 reads the calls in flight, oldest first (woken when a rank's call ends, or
 at a call's deadline), and acts:
 
@@ -19,6 +19,10 @@ at a call's deadline), and acts:
 - room for more workers is put to the scaling rule (``policy.scale_to``):
   the world restarts larger, not counted, the call sent again by
   ``raydist.run``;
+- a hang (ranks that have not reached a collective the others wait in,
+  for ``hang_timeout``) is put to the policy (``policy.replace_hung``): the
+  ranks it names are killed, and their death, said as the hang, is then a
+  failed call like any other;
 - a stop (shutdown, cancel, Ctrl-C) releases everything and ends every
   call in flight with it (a call every rank had finished keeps its values).
 
@@ -47,14 +51,14 @@ from functools import partial
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
-from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped
+from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped, ranks_text
 from raydist.pool import signals
 from raydist.pool.cluster.seam import Cluster, LoopRunner
 from raydist.pool.driver.attempt import Attachment, Attempt
 from raydist.pool.driver.attempts import Attempts, Policy, RestartOptions
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_of, forward_signal, send_call
 from raydist.pool.driver.datasets import CallData, split_for_world
-from raydist.pool.driver.events import STOPPING, Cancel, Event, Interrupt, Reply, RoomFound, Start, Stop, Submit
+from raydist.pool.driver.events import STOPPING, Cancel, Event, Hung, Interrupt, Reply, RoomFound, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.lifecycle import Lifecycle, weakly
 from raydist.pool.driver.log_files import RunLogs
@@ -65,6 +69,7 @@ from raydist.pool.driver.state import RunState
 from raydist.pool.driver.summary import RunResults, RunSummary
 from raydist.pool.driver.waiting import CallWait, Waited
 from raydist.pool.records import CallEnd, GroupPhase
+from raydist.pool.rules.hangs import NotArrived
 from raydist.pool.rules.policy import Action, Decision, scale_to
 
 logger = logging.getLogger("raydist")
@@ -100,6 +105,7 @@ class RunController:
             weakly(self._room_found, None),  # held weakly: a group dropped without shutdown() is freed
             extra_env=self._state.env(cluster, config.state_dir, config.state_keep),
             stopping=weakly(self._stop_requested, True),  # its waits give way to a stop asked meanwhile
+            hang_seen=weakly(self._hang_seen, None),
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
@@ -180,6 +186,10 @@ class RunController:
         attempt = self.attempt
         self._post(RoomFound(attempt.grow_by if attempt is not None else 0))
 
+    def _hang_seen(self, attempt: int, hang: NotArrived, seconds: float) -> None:
+        """The straggler watch saw a hang last ``hang_timeout`` (its thread only posts)."""
+        self._post(Hung(attempt, hang, seconds))
+
     # -- the loop: its only writer -------------------------------------------
     def _turn(self) -> Optional[float]:
         """One turn: every event queued, in order, then the calls in flight;
@@ -226,6 +236,8 @@ class RunController:
                 self._interrupted(event)
             elif isinstance(event, RoomFound):
                 self._grow(event.more)
+            elif isinstance(event, Hung):
+                self._hung(event)
             reply.give(value)
         except BaseException as error:  # noqa: BLE001 - the asker raises it
             reply.give(error=error)
@@ -342,6 +354,27 @@ class RunController:
         self._restart_fresh(stopped, calls, Waited([]), lambda old: self.attempts.scaled(stopped, more, old))
 
     # -- starting an attempt ---------------------------------------------------
+    def _hung(self, event: Hung) -> None:
+        """Kill the ranks the policy names for a hang of the current world while
+        a call waits on it; their calls then fail, said as the hang."""
+        attempt = self.attempt
+        if attempt is None or attempt.number != event.attempt or self.life.phase is not GroupPhase.RUNNING:
+            return  # a world that has ended meanwhile
+        if not any(future.attempt is attempt for future in self._in_flight.values()):
+            return  # no call waits on it (the next one's collectives are another hang)
+        ranks = self.attempts.hung(event.hang, stopping=self._stop_requested())
+        if not ranks:
+            return
+        why = f"killed by raydist: it {event.hang.line(event.seconds)}; hang_timeout={self.config.hang_timeout:g} s"
+        why = why.replace(f"it {ranks_text(event.hang.behind)} did not", "it did not", 1)
+        logger.warning("raydist: hang: %s; killing %s", event.hang.line(event.seconds), ranks_text(ranks))
+        for rank in ranks:
+            worker = attempt.workers[rank]
+            attempt.timeline.instant("hung: killed", "hang", rank=rank, node=worker.node_id, attempt=attempt.number, seconds=event.seconds)
+        attempt.note_hung(ranks, why)
+        for rank in ranks:
+            self.cluster.kill(attempt.actors[rank])
+
     def _start(self, failed: Optional[RaydistError]) -> None:
         """Place and start the next attempt (after ``failed``), again while the policy restarts failed starts."""
         while True:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from raydist.pool.driver.datasets import CallData
 from raydist.pool.records import CallEnd
+from raydist.pool.rules.hangs import NotArrived
 
 if TYPE_CHECKING:
     from raydist.pool.driver.calls import WorkerFuture
@@ -63,7 +64,17 @@ class RoomFound:
     more: int
 
 
-Event = Union[Start, Submit, Cancel, Stop, Interrupt, RoomFound]
+@dataclass(frozen=True)
+class Hung:
+    """The straggler watch saw ranks of attempt ``attempt`` not reach a collective
+    for ``seconds`` (at least ``hang_timeout``); nobody waits on the reply."""
+
+    attempt: int
+    hang: NotArrived
+    seconds: float
+
+
+Event = Union[Start, Submit, Cancel, Stop, Interrupt, RoomFound, Hung]
 STOPPING = (Cancel, Stop, Interrupt)  # the events that end a run: a warm restart in progress gives way to them
 
 

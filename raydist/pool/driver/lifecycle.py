@@ -5,7 +5,7 @@ loop alone (other threads only read it)."""
 from __future__ import annotations
 
 import weakref
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from raydist.pool.records import GroupPhase, check_transition
 
@@ -42,13 +42,13 @@ class Lifecycle:
         return self.phase in (GroupPhase.SHUTTING_DOWN, GroupPhase.CLOSED)
 
 
-def weakly(method: Callable[[], T], gone: T) -> Callable[[], T]:
-    """``method()`` for a watcher or a slow step to call, holding its object
+def weakly(method: Callable[..., T], gone: T) -> Callable[..., T]:
+    """``method(...)`` for a watcher or a slow step to call, holding its object
     weakly (a run dropped without shutdown() is still freed); ``gone`` once it is."""
     ref = weakref.WeakMethod(method)
 
-    def call() -> T:
+    def call(*args: Any) -> T:
         alive = ref()
-        return gone if alive is None else alive()
+        return gone if alive is None else alive(*args)
 
     return call

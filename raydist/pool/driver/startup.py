@@ -26,7 +26,7 @@ from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.spares import Spare, SparePool
-from raydist.pool.driver.stragglers import StragglerWatch
+from raydist.pool.driver.stragglers import HangSeen, StragglerWatch
 from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
@@ -139,6 +139,7 @@ class GroupBuilder:
         node_order: Sequence[str] = (),
         extra_env: Optional[Mapping[str, str]] = None,
         stopping: Callable[[], bool] = lambda: False,
+        hang_seen: Optional[HangSeen] = None,
     ):
         self.config = config
         self._cluster = cluster
@@ -150,6 +151,7 @@ class GroupBuilder:
         self._logs = logs
         self._router = router
         self._stop_group = stop_group  # what the drain watcher calls to stop the group to grow
+        self._hang_seen = hang_seen  # what the straggler watch calls when ranks hang (with hang_timeout)
         self._stopping = stopping  # whether the run was asked to stop: a start-up wait gives way
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
@@ -244,7 +246,7 @@ class GroupBuilder:
         attempt = Attempt(
             number, ranked, workers, contexts, routes, output, holdings.agents, relay, self.timeline, self.summary, config.flight_recorder
         )
-        attempt.start(*watchers(config, holdings, attempt, self._stop_group))
+        attempt.start(*watchers(config, holdings, attempt, self._stop_group, self._hang_seen))
         return attempt
 
     def _set_up(
@@ -341,10 +343,11 @@ def _output_env(routes: Sequence[RankRoute], worker: WorkerInfo) -> Dict[str, st
 
 
 def watchers(
-    config: RunConfig, holdings: Holdings, attempt: Attempt, stop_group: Callable[[], None]
+    config: RunConfig, holdings: Holdings, attempt: Attempt, stop_group: Callable[[], None], hang_seen: Optional[HangSeen] = None
 ) -> Tuple[GroupWatcher, Optional[StragglerWatch]]:
     """``attempt``'s watchers, to start: drains (warn the ranks on a draining
-    node; with restart_to_grow, stop the group to grow) and stragglers."""
+    node; with restart_to_grow, stop the group to grow) and stragglers (and,
+    with hang_timeout, hangs: ``hang_seen`` is told)."""
     workers, request, sizes = attempt.workers, holdings.request, config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
@@ -367,7 +370,14 @@ def watchers(
     drains = GroupWatcher(workers, warn, stop_group, room if growable else None, config.monitor_interval, holdings.cluster)
     watch = (
         StragglerWatch(
-            workers, attempt.agents, holdings.cluster, timeline=attempt.timeline, attempt=attempt.number, since=holdings.cluster.time()
+            workers,
+            attempt.agents,
+            holdings.cluster,
+            timeline=attempt.timeline,
+            attempt=attempt.number,
+            since=holdings.cluster.time(),
+            hang_timeout=config.hang_timeout,
+            on_hang=hang_seen if config.hang_timeout is not None else None,
         )
         if config.flight_recorder
         else None

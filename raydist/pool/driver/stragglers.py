@@ -1,6 +1,8 @@
 """``StragglerWatch``: the poll (on the cluster's timer) that reads the ranks' flight recorders while
 a group lives and names a rank that reaches collectives consistently late
-(the rule is ``raydist.pool.rules.stragglers``).
+(the rule is ``raydist.pool.rules.stragglers``); with ``hang_timeout``, it
+also tells the run when ranks have not reached a collective the others wait
+in for that long (``raydist.pool.rules.hangs.not_arrived``), once per hang.
 
 The calls themselves carry nothing extra: every ``POLL_INTERVAL_S`` the
 watch asks each node's agent, which asks its workers' diagnostics threads
@@ -16,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from raydist.pool.cluster.seam import Cluster, Timer
 from raydist.pool.records import CollectiveEntry, WorkerInfo
+from raydist.pool.rules.hangs import NotArrived, not_arrived
 from raydist.pool.rules.stragglers import Straggler, find_stragglers
 from raydist.pool.timeline import Timeline
 
@@ -32,6 +35,7 @@ POLL_INTERVAL_S = 0.5
 REPORT_EVERY_S = 300.0  # a rank still late is named again after this long
 KEPT_ENTRIES = 128  # per rank, across polls
 CLOCK_SAMPLES = 3
+HangSeen = Callable[[int, NotArrived, float], None]  # (attempt, the hang, seconds it lasted)
 
 
 class StragglerWatch:
@@ -46,6 +50,8 @@ class StragglerWatch:
         timeline: Optional[Timeline] = None,
         attempt: int = 0,
         since: Optional[float] = None,
+        hang_timeout: Optional[float] = None,
+        on_hang: Optional[HangSeen] = None,
     ):
         self._workers = list(workers)
         # A kept process's recorder still holds its last world's collectives: only this world's count.
@@ -63,6 +69,8 @@ class StragglerWatch:
         self._named_at: Dict[int, float] = {}
         self.stragglers: List[Straggler] = []
         self.first_named: Dict[int, Straggler] = {}  # each rank's verdict when it was first named
+        self._hang_timeout, self._on_hang = hang_timeout, on_hang
+        self._hang_since: Dict[Tuple[str, int, Tuple[int, ...]], float] = {}  # a hang seen -> when first (cluster clock)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the next poll is scheduled, or cancelled, once
         self._next: Optional[Timer] = None
@@ -115,11 +123,28 @@ class StragglerWatch:
             for key in sorted(kept, key=lambda k: kept[k].created_ns)[:-KEPT_ENTRIES]:
                 del kept[key]
         self._count_waits()
+        if self._on_hang is not None:
+            self._check_hang(read=set(found) == set(ranks) and all(entries is not None for entries in found.values()))
         verdict = find_stragglers({r: list(h.values()) for r, h in self._history.items()}, self._offsets or {})
         self.stragglers = verdict
         for straggler in verdict:
             self._name(straggler)
         return verdict
+
+    def _check_hang(self, read: bool) -> None:
+        """Tell the run of ranks that have not reached a collective for ``hang_timeout``
+        (once per hang). Only on a poll that read every rank: an unanswered one may be anywhere."""
+        found = not_arrived({rank: list(kept.values()) for rank, kept in self._history.items()}) if read else None
+        if found is None:
+            self._hang_since.clear()
+            return
+        now = self._cluster.monotonic()
+        since = self._hang_since.setdefault(found.key, now)
+        for key in [k for k in self._hang_since if k != found.key]:
+            del self._hang_since[key]
+        if self._hang_timeout is not None and now - since >= self._hang_timeout and self._on_hang is not None:
+            on_hang, self._on_hang = self._on_hang, None  # once: the run acts on it, or has ended this world
+            on_hang(self._attempt, found, now - since)
 
     def _saw(self, rank: int, entry: CollectiveEntry) -> None:
         """A collective seen for the first time on ``rank``."""

@@ -9,6 +9,7 @@ sequence numbers do not: ``ranks 0-1, 3: waiting in all_reduce #6 (float32
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.pool.records import CollectiveEntry
@@ -106,6 +107,61 @@ def where_collectives_are(recorders: Recorders) -> str:
     if silent:
         lines.append(f"{ranks_text(silent)}: no flight record (the process did not answer)")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class NotArrived:
+    """Ranks that have not reached a collective others entered: on process
+    group ``group``, ``waiting`` entered ``op`` #``seq``; ``behind`` are at an
+    earlier one (or none), not in it."""
+
+    group: str
+    seq: int
+    op: str
+    tensors: str
+    waiting: Tuple[int, ...]
+    behind: Tuple[int, ...]
+    behind_at: Tuple[str, ...]  # where each of ``behind`` is (``rank_state``)
+
+    @property
+    def key(self) -> Tuple[str, int, Tuple[int, ...]]:
+        """The same hang seen in two polls has the same key."""
+        return (self.group, self.seq, self.behind)
+
+    def line(self, seconds: float) -> str:
+        """``rank 2 did not reach all_reduce #6 (float32 [1]), which ranks 0-1, 3 waited in for 30.2 s (rank 2: last completed all_reduce #5, not in a collective)``."""
+        where = "; ".join(f"rank {rank}: {at}" for rank, at in zip(self.behind, self.behind_at))
+        prefix = f"process group {self.group}: " if self.group != "0" else ""
+        who = ranks_text(self.behind)
+        return (
+            f"{prefix}{who} did not reach {self.op} #{self.seq} ({self.tensors}), which {ranks_text(self.waiting)} "
+            f"waited in for {seconds:.1f} s ({where})"
+        )
+
+
+def not_arrived(recorders: Recorders) -> Optional[NotArrived]:
+    """The ranks that have not reached the newest collective some rank entered,
+    on the first process group where any have not (the default group first);
+    None where every rank is at the same one, or a rank's recorder could not be
+    read (nothing is known of it). Ranks entering the same collective a moment
+    apart show this too: only its persistence makes a hang (the watch's timeout).
+    A rank at the same sequence number in another collective is a mismatch
+    (``first_mismatch``), a bug in the code, not a rank to replace: not said here."""
+    if not recorders or any(entries is None for entries in recorders.values()):
+        return None
+    groups = _by_group(recorders)
+    for name in sorted(groups, key=lambda group: (group != "0", group)):
+        by_rank = groups[name]
+        newest = {rank: max((entry.seq for entry in by_rank.get(rank, ())), default=0) for rank in recorders}
+        top = max(newest.values())
+        behind = tuple(sorted(rank for rank, seq in newest.items() if seq < top))
+        if not behind:
+            continue
+        waiting = tuple(sorted(rank for rank, seq in newest.items() if seq == top))
+        entry = next(e for e in by_rank[waiting[0]] if e.seq == top)
+        at = tuple(rank_state(by_rank.get(rank, [])) for rank in behind)
+        return NotArrived(name, top, entry.op, tensors_text(entry), waiting, behind, at)
+    return None
 
 
 def mark_failed(entries: Sequence[CollectiveEntry]) -> Tuple[CollectiveEntry, ...]:

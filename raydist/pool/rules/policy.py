@@ -15,6 +15,7 @@ from typing import Collection, Optional, Sequence, Tuple
 from raydist.errors import RaydistError, WorkerFailure, WorkerGroupError, root_cause
 from raydist.pool.records import CallEnd
 from raydist.pool.rules.explain import NODE_LOST_TEXT
+from raydist.pool.rules.hangs import NotArrived
 
 
 def classify_end(
@@ -114,6 +115,16 @@ def decide(error: BaseException, facts: Facts) -> Decision:
     if facts.started and facts.warm_restarts and not facts.node_layout and not facts.warm_failed:
         return Decision(Action.WARM, reason)
     return Decision(Action.FRESH if facts.fresh_allowed else Action.RAISE, reason)
+
+
+def replace_hung(hang: NotArrived, stopping: bool) -> Tuple[int, ...]:
+    """The ranks to kill now for ``hang`` (ranks that have not reached a
+    collective the others waited in for ``hang_timeout``): those that did not
+    arrive, unless a stop was asked meanwhile. Their death is then a failure
+    like any other, put to ``decide``: a warm restart (a spare, the state from
+    memory) where the budget allows, else the run ends at once, naming the hang,
+    instead of after the process group's timeout."""
+    return () if stopping else hang.behind
 
 
 def scale_to(size: int, more: int, sizes: Optional[Tuple[int, int]], fresh_allowed: bool) -> Optional[int]:

@@ -40,6 +40,10 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     ],
     "placement_strategy": [({"placement_strategy": "CLUSTER"}, ValueError, "placement_strategy")],
     "timeout": [({"timeout": -1}, ValueError, "timeout")],
+    "hang_timeout": [
+        ({"hang_timeout": 0}, ValueError, "hang_timeout"),
+        ({"hang_timeout": 5, "flight_recorder": False}, ValueError, "hang_timeout needs torch's flight recorder"),
+    ],
     "startup_timeout": [({"startup_timeout": "5"}, TypeError, "startup_timeout")],
     "max_restarts": [({"max_restarts": -1}, ValueError, "max_restarts")],
     "retry_on_exception": [({"retry_on_exception": "yes"}, TypeError, "retry_on_exception")],
@@ -110,6 +114,10 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--env": [(["--env", "NOEQUALS"], "--env"), (["--env", "RANK=1"], "--env['RANK']")],
     "--placement-strategy": [(["--placement-strategy", "CLUSTER"], "--placement-strategy")],
     "--timeout": [(["--timeout", "-1"], "--timeout")],
+    "--hang-timeout": [
+        (["--hang-timeout", "0"], "--hang-timeout"),
+        (["--hang-timeout", "5", "--no-flight-recorder"], "--hang-timeout needs torch's flight recorder"),
+    ],
     "--startup-timeout": [(["--startup-timeout", "soon"], "--startup-timeout")],
     "--max-restarts": [(["--max-restarts", "-1"], "--max-restarts")],
     "--address": [(["--address", "http://head:8265"], "ray job submit --address http://head:8265 -- raydist run")],

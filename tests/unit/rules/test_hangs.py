@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from raydist.pool.records import CollectiveEntry
-from raydist.pool.rules.hangs import first_mismatch, needs_attribution, rank_state, where_collectives_are
+from raydist.pool.rules.hangs import first_mismatch, needs_attribution, not_arrived, rank_state, where_collectives_are
 
 
 def entry(
@@ -79,3 +79,32 @@ def test_ranks_whose_collective_raised_are_said_to_have_failed_in_it() -> None:
         "ranks 0-1: failed in all_reduce #6 (float32 [1]); rank 2: last completed all_reduce #5, not in a collective"
     )
     assert needs_attribution(recorders[1])
+
+
+def test_the_ranks_that_did_not_reach_a_collective_are_named_with_where_they_are() -> None:
+    recorders: Dict[int, Optional[List[CollectiveEntry]]] = {r: steps(6, waiting=True) for r in (0, 1, 3)}
+    recorders[2] = steps(5)
+    found = not_arrived(recorders)
+    assert found is not None and (found.waiting, found.behind, found.seq, found.op) == ((0, 1, 3), (2,), 6, "all_reduce")
+    assert found.line(30.2) == (
+        "rank 2 did not reach all_reduce #6 (float32 [1]), which ranks 0-1, 3 waited in for 30.2 s "
+        "(rank 2: last completed all_reduce #5, not in a collective)"
+    )
+    recorders[1] = steps(5)  # the same collective, a rank more behind: another hang
+    again = not_arrived(recorders)
+    assert again is not None and again.behind == (1, 2) and again.key != found.key
+
+
+def test_no_rank_is_behind_when_all_are_at_the_same_collective_or_one_cannot_be_read() -> None:
+    level: Dict[int, Optional[List[CollectiveEntry]]] = {r: steps(4, waiting=r % 2 == 0) for r in range(4)}
+    assert not_arrived(level) is None
+    silent: Dict[int, Optional[List[CollectiveEntry]]] = {0: steps(3, waiting=True), 1: steps(2), 2: None}
+    assert not_arrived(silent) is None  # rank 2 may be anywhere
+
+
+def test_a_rank_with_no_collective_yet_is_behind_and_another_group_is_named() -> None:
+    recorders: Dict[int, Optional[List[CollectiveEntry]]] = {0: steps(2) + [entry(1, group="1", done=False)], 1: steps(2)}
+    found = not_arrived(recorders)
+    assert found is not None and (found.group, found.behind) == ("1", (1,))
+    assert found.line(5).startswith("process group 1: rank 1 did not reach all_reduce #1 (float32 [1]), which rank 0 waited in for 5.0 s")
+    assert "(rank 1: no collective yet)" in found.line(5)
