@@ -304,7 +304,7 @@ TABLE: List[Tuple[str, str, str, Outcome]] = [
 
 def run(faults: List[Fault], mode: str, cluster: Optional[FakeCluster] = None, **options: Any) -> Tuple[FakeCluster, Outcome]:
     cluster = cluster or FakeCluster(NODES, faults)
-    config = RunConfig(flight_recorder=False, timeout=60, startup_timeout=30, **{**MODES[mode], **options})
+    config = RunConfig(**{"flight_recorder": False, "timeout": 60, "startup_timeout": 30, **MODES[mode], **options})
     try:
         values = run_call(
             RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
@@ -343,6 +343,42 @@ def test_the_table_covers_every_moment_fault_and_mode() -> None:
     assert {mode for _, _, mode, _ in TABLE} == set(MODES)
     assert len(TABLE) + len(WAITING) >= 80
     assert {kind for kind, _, _ in WAITING} == {"room", "hang", "lose-node", "drain-node", "interrupt"}
+
+
+# A hang acted on (hang_timeout=5): rank 1 never reaches all_reduce #3, the others
+# wait in it (``HUNG``): in the first call, or in the call retried after rank 1 died
+# (the restart then spent). The rank is killed at the timeout, the others' collective
+# fails (their peer gone), and the death is decided on as any other.
+HANG_TIMEOUT_S = 5.0
+HUNG_MOMENTS: Dict[str, int] = {"running": 0, "rerunning": 1}  # the call (nth execute) the ranks hang in
+NEVER_ARRIVED = "killed by raydist: it did not reach all_reduce #3 (float32 [1]), which ranks 0, 2-3 waited in for"
+HUNG: List[Tuple[str, str, Outcome]] = [
+    ("running", "none", Fails(WorkerGroupError, NEVER_ARRIVED, started=4)),
+    ("running", "warm", Ok(attempt=1, size=4, started=5)),
+    ("running", "fresh", Ok(attempt=1, size=4, started=8)),
+    ("running", "spare", Ok(attempt=1, size=4, started=5)),
+    ("running", "elastic", Ok(attempt=1, size=4, started=5)),
+    ("rerunning", "warm", Fails(WorkerGroupError, NEVER_ARRIVED, started=5)),
+    ("rerunning", "fresh", Fails(WorkerGroupError, NEVER_ARRIVED, started=8)),
+    ("rerunning", "spare", Fails(WorkerGroupError, NEVER_ARRIVED, started=6)),  # the used spare refilled meanwhile (5 s on)
+    ("rerunning", "elastic", Fails(WorkerGroupError, NEVER_ARRIVED, started=5)),
+]
+
+
+@pytest.mark.parametrize(("moment", "mode", "expected"), HUNG, ids=[f"{m}-{o}" for m, o, _ in HUNG])
+def test_a_rank_that_never_reaches_a_collective_at_each_moment(moment: str, mode: str, expected: Outcome) -> None:
+    nth = HUNG_MOMENTS[moment]
+    faults = [Fault(*DEATH)] if nth else []
+    faults += [Fault("execute", "hang", who=rank, nth=nth, collective=3, entered=rank != 1) for rank in range(4)]
+    cluster, outcome = run(faults, mode, flight_recorder=True, hang_timeout=HANG_TIMEOUT_S)
+    assert all(fault.fired for fault in faults)
+    if isinstance(expected, Fails):
+        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
+        assert expected.says in outcome.says and outcome.started == expected.started, outcome
+    else:
+        assert outcome == expected
+    assert cluster.monotonic() < 60  # the hang timeout acted, not the call's own timeout
+    assert cluster.leftovers() == []
 
 
 # Waiting for placement: another program holds node-a's 2 CPUs until 5 s in
