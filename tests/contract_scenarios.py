@@ -200,8 +200,12 @@ def behave(steps: Sequence[Step], call: int, mark_dir: Optional[str] = None) -> 
         if step.kind in ("lose-node", "drain-node"):  # (on Ray: the test takes or drains this rank's node once it is written)
             import ray
 
-            with open(os.path.join(mark_dir or ".", f"rank-{rank}.node"), "w") as mark:
+            # Written under another name and renamed: the test never reads it half-written
+            # (an empty node id once made it take no node away, and the rank waited on).
+            final = os.path.join(mark_dir or ".", f"rank-{rank}.node")
+            with open(final + ".partial", "w") as mark:
                 mark.write(ray.get_runtime_context().get_node_id())
+            os.replace(final + ".partial", final)
             time.sleep(NODE_TAKEN_S)  # the node goes first; if it does not, the scenario fails saying so (not the test's timeout)
             raise RuntimeError(f"rank {rank}'s node was still there {NODE_TAKEN_S:.0f} s after it asked for it to go")
     return rank, attempt

@@ -365,8 +365,7 @@ class RunController:
         ranks = self.attempts.hung(event.hang, stopping=self._stop_requested())
         if not ranks:
             return
-        why = f"killed by raydist: it {event.hang.line(event.seconds)}; hang_timeout={self.config.hang_timeout:g} s"
-        why = why.replace(f"it {ranks_text(event.hang.behind)} did not", "it did not", 1)
+        why = f"killed by raydist: {event.hang.line(event.seconds, who='it')}; hang_timeout={self.config.hang_timeout:g} s"
         logger.warning("raydist: hang: %s; killing %s", event.hang.line(event.seconds), ranks_text(ranks))
         for rank in ranks:
             worker = attempt.workers[rank]

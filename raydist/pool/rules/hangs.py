@@ -128,14 +128,14 @@ class NotArrived:
         """The same hang seen in two polls has the same key."""
         return (self.group, self.seq, self.behind)
 
-    def line(self, seconds: float) -> str:
-        """``rank 2 did not reach all_reduce #6 (float32 [1]), which ranks 0-1, 3 waited in for 30.2 s (rank 2: last completed all_reduce #5, not in a collective)``."""
+    def line(self, seconds: float, who: Optional[str] = None) -> str:
+        """``rank 2 did not reach all_reduce #6 (float32 [1]), which ranks 0-1, 3 waited in for 30.2 s (rank 2: last completed all_reduce #5, not in a collective)``;
+        ``who`` instead of the ranks' names (``it``, in a killed rank's own failure)."""
         where = "; ".join(f"rank {rank}: {at}" for rank, at in zip(self.behind, self.behind_at))
         prefix = f"process group {self.group}: " if self.group != "0" else ""
-        who = ranks_text(self.behind)
         return (
-            f"{prefix}{who} did not reach {self.op} #{self.seq} ({self.tensors}), which {ranks_text(self.waiting)} "
-            f"waited in for {seconds:.1f} s ({where})"
+            f"{prefix}{who or ranks_text(self.behind)} did not reach {self.op} #{self.seq} ({self.tensors}), which "
+            f"{ranks_text(self.waiting)} waited in for {seconds:.1f} s ({where})"
         )
 
 
