@@ -316,6 +316,15 @@ def run(faults: List[Fault], mode: str, cluster: Optional[FakeCluster] = None, *
     return cluster, Ok(values[0][1], len(values), len(cluster.processes.workers))
 
 
+def assert_outcome(outcome: Outcome, expected: Outcome) -> None:
+    """The run ended as ``expected``: the same values' world, or the same error naming what it says."""
+    if isinstance(expected, Fails):
+        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
+        assert expected.says in outcome.says and outcome.started == expected.started, outcome
+    else:
+        assert outcome == expected
+
+
 @pytest.fixture(autouse=True)
 def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL, logger="raydist")
@@ -329,11 +338,7 @@ def test_a_fault_at_each_moment(moment: str, kind: str, mode: str, expected: Out
     ]
     cluster, outcome = run(faults, mode)
     assert all(fault.fired for fault in faults)
-    if isinstance(expected, Fails):
-        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
-        assert expected.says in outcome.says and outcome.started == expected.started, outcome
-    else:
-        assert outcome == expected
+    assert_outcome(outcome, expected)
     assert cluster.leftovers() == []
 
 
@@ -372,11 +377,7 @@ def test_a_rank_that_never_reaches_a_collective_at_each_moment(moment: str, mode
     faults += [Fault("execute", "hang", who=rank, nth=nth, collective=3, entered=rank != 1) for rank in range(4)]
     cluster, outcome = run(faults, mode, flight_recorder=True, hang_timeout=HANG_TIMEOUT_S)
     assert all(fault.fired for fault in faults)
-    if isinstance(expected, Fails):
-        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
-        assert expected.says in outcome.says and outcome.started == expected.started, outcome
-    else:
-        assert outcome == expected
+    assert_outcome(outcome, expected)
     assert cluster.monotonic() < 60  # the hang timeout acted, not the call's own timeout
     assert cluster.leftovers() == []
 
@@ -428,11 +429,7 @@ def test_a_fault_while_waiting_for_placement(kind: str, mode: str, expected: Out
     if strike is not None:
         cluster.after(2.0, strike, "fake-fault")
     _, outcome = run([], mode, cluster=cluster)
-    if isinstance(expected, Fails):
-        assert isinstance(outcome, Fails) and outcome.error is expected.error, outcome
-        assert expected.says in outcome.says and outcome.started == expected.started, outcome
-    else:
-        assert outcome == expected
+    assert_outcome(outcome, expected)
     cluster.free(other)
     assert cluster.leftovers() == []
 
