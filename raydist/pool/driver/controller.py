@@ -353,7 +353,6 @@ class RunController:
         stopped.end = CallEnd.GROW
         self._restart_fresh(stopped, calls, Waited([]), lambda old: self.attempts.scaled(stopped, more, old))
 
-    # -- starting an attempt ---------------------------------------------------
     def _hung(self, event: Hung) -> None:
         """Kill the ranks the policy names for a hang of the current world while
         a call waits on it; their calls then fail, said as the hang."""
@@ -367,13 +366,13 @@ class RunController:
             return
         why = f"killed by raydist: {event.hang.line(event.seconds, who='it')}; hang_timeout={self.config.hang_timeout:g} s"
         logger.warning("raydist: hang: %s; killing %s", event.hang.line(event.seconds), ranks_text(ranks))
+        attempt.note_hung(ranks, why)  # before the kills: their deaths are read as the hang
         for rank in ranks:
             worker = attempt.workers[rank]
             attempt.timeline.instant("hung: killed", "hang", rank=rank, node=worker.node_id, attempt=attempt.number, seconds=event.seconds)
-        attempt.note_hung(ranks, why)
-        for rank in ranks:
             self.cluster.kill(attempt.actors[rank])
 
+    # -- starting an attempt ---------------------------------------------------
     def _start(self, failed: Optional[RaydistError]) -> None:
         """Place and start the next attempt (after ``failed``), again while the policy restarts failed starts."""
         while True:
