@@ -211,8 +211,14 @@ def test_an_excluded_node_is_never_used(cluster: Any, capfd: pytest.CaptureFixtu
     assert f"only 0 of the 0 node(s) that match exclude_nodes {ip} can" in result["err"], result["err"]
 
 
-def test_no_python_runs_a_program_and_its_status_comes_back(cluster: Any, capfd: pytest.CaptureFixture) -> None:
-    result = run_cli(["-n", "2", "--accelerator", "cpu", "--no-python", "sh", "-c", 'echo "program rank $RANK"; exit 3'], capfd)
+def test_no_python_runs_a_program_and_its_status_comes_back(cluster: Any, capfd: pytest.CaptureFixture, tmp_path: Path) -> None:
+    # Rank 1 fails only once rank 0 has printed and ended: a failure stops the
+    # other ranks (as torchrun does), so a rank 0 still starting would never print.
+    done = tmp_path / "rank-0-done"
+    program = (
+        f'echo "program rank $RANK"; if [ "$RANK" = 0 ]; then touch {done}; exit 0; fi; while [ ! -e {done} ]; do sleep 0.05; done; exit 3'
+    )
+    result = run_cli(["-n", "2", "--accelerator", "cpu", "--no-python", "sh", "-c", program], capfd)
     assert result["status"] == 3, result
     assert "program rank 0" in result["out"] and "program rank 1" in result["out"], result
 
