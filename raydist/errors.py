@@ -23,6 +23,7 @@ class CallEnd(enum.Enum):
     NODE_LOST = "node lost"  # the root cause is a rank whose node died or left the cluster
     DRAINED = "drained"  # ranks on a node Ray was draining failed: a preemption
     GROW = "room to grow"  # raydist stopped the group to restart it larger (restart_to_grow)
+    REPLACED = "straggler replaced"  # raydist killed a straggler to put a spare in its place (straggler_action)
     TIMED_OUT = "timed out"
     CANCELLED = "cancelled"  # WorkerFuture.cancel()
     SHUT_DOWN = "shut down"  # the group or Ray was shut down while the call ran
@@ -264,6 +265,11 @@ class WorkerCallCancelled(RaydistError, CancelledError):
 
 class InfeasibleResourcesError(RaydistError, RuntimeError):
     """The cluster cannot (or did not in time) provide the requested workers."""
+
+
+class UnhealthyWorkers(InfeasibleResourcesError):
+    """The pre-flight check left too few healthy workers in a placement; their
+    nodes are excluded, and the run places its workers again without them."""
 
 
 class WorkerStartupTimeout(RaydistError, TimeoutError):

@@ -9,7 +9,7 @@ from typing import Any, Tuple
 
 from raydist.config.flags import flag, none_word, parse_int, parse_seconds
 from raydist.config.option import Option
-from raydist.config.values import at_least, check_bool, check_seconds, choice, optional, type_name
+from raydist.config.values import at_least, check_bool, check_seconds, choice, is_number, optional, type_name
 from raydist.core import state_fs
 
 # "warm": a restart keeps the surviving workers' processes; "fresh": every attempt in new processes.
@@ -22,6 +22,15 @@ _UNHANDLED_SIGNALS = ("SIGKILL", "SIGSTOP")
 # raydist's own: the stack-dump signal (raydist.pool.worker.evidence.STACK_SIGNAL,
 # SIGRTMIN+6; not imported: that module needs Ray).
 _RAYDIST_SIGNALS = frozenset({int(signal.SIGRTMIN) + 6})
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A share strictly between 0 and 1."""
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number between 0 and 1, not {type_name(value)} {value!r}")
+    if not 0 < value < 1:
+        raise ValueError(f"{name} must be between 0 and 1 (exclusive), got {value!r}")
+    return float(value)
 
 
 def check_signal(name: str, value: Any) -> str:
@@ -78,6 +87,91 @@ HANG_TIMEOUT = Option(
         help="replace ranks that have not reached a collective the others entered for this many "
         "seconds (killed and restarted as a failure, within --max-restarts), instead of waiting "
         "for the process group's timeout (default: only report where they hung)",
+    ),
+)
+# What a run does with a rank the straggler watch names slow: "report" it (the
+# default: a warning, the summary), or "replace" it with a spare on another node.
+STRAGGLER_ACTIONS: Tuple[str, ...] = ("report", "replace")
+STRAGGLER_ACTION = Option(
+    "report",
+    check=choice(STRAGGLER_ACTIONS),
+    doc='"report" (the default): a rank that reaches collectives consistently late is named in '
+    'a warning and the run\'s summary; "replace": once it has been late by at least '
+    "``straggler_threshold`` for ``straggler_windows`` windows in a row, it is killed and a "
+    "ready spare on another node takes its place in a warm restart (not counted against "
+    "``max_restarts``); its node hosts no rank for the rest of the run. Needs ``spare_workers`` "
+    "and the flight recorder.",
+    flag=flag(
+        "--straggler-action",
+        parse=str.lower,
+        choices=STRAGGLER_ACTIONS,
+        metavar="ACTION",
+        help="report: name a rank that reaches collectives consistently late (default); replace: "
+        "once it stays late for --straggler-windows windows, put a spare on another node in its "
+        "place (a warm restart, not counted against --max-restarts; it needs a spare worker)",
+    ),
+)
+STRAGGLER_THRESHOLD = Option(
+    0.05,
+    check=check_seconds,
+    doc='with ``straggler_action="replace"``: the median lateness, in seconds, over a window of '
+    "collectives at which a named straggler counts toward its replacement (a rank is named from "
+    "10 ms on; a replacement costs a warm restart, so only a larger lag pays for one).",
+    flag=flag(
+        "--straggler-threshold",
+        parse=parse_seconds,
+        metavar="SECONDS",
+        help="with --straggler-action replace: how late (median over a window of collectives) a "
+        "straggler must be to count toward its replacement (default {default:g})",
+    ),
+)
+STRAGGLER_WINDOWS = Option(
+    3,
+    check=at_least(1),
+    doc='with ``straggler_action="replace"``: how many windows of collectives in a row (each '
+    "window new collectives, 20 of them) a rank must be late by ``straggler_threshold`` before "
+    "it is replaced: one slow window (a checkpoint, a page fault) replaces no one.",
+    flag=flag(
+        "--straggler-windows",
+        parse=parse_int,
+        metavar="N",
+        help="with --straggler-action replace: windows of 20 collectives in a row a straggler must "
+        "stay late before it is replaced (default {default})",
+    ),
+)
+# The pre-flight health check: "auto" is "quick" on accelerators and "off" on CPUs.
+HEALTH_CHECKS: Tuple[str, ...] = ("auto", "off", "quick", "thorough")
+HEALTH_CHECK = Option(
+    "auto",
+    check=choice(HEALTH_CHECKS),
+    doc="the pre-flight check of each new worker before it hosts a rank (the first world, spares, "
+    "replacements): it times a matrix multiply on its device and, on an accelerator, checks a "
+    "block of its memory; where raydist initialises the process group, the world times a checked "
+    "all_reduce. A worker whose probe fails or whose figure falls below ``health_threshold`` x the "
+    "median is unhealthy: its node hosts no rank for the rest of the run, a spare takes its place "
+    '(an elastic world shrinks), else the run fails before any user code. "quick" (milliseconds), '
+    '"thorough" (larger probes, most of the free device memory), "off"; "auto" (the default): '
+    '"quick" on accelerators, "off" on CPU workers, which share cores with each other.',
+    flag=flag(
+        "--health-check",
+        parse=str.lower,
+        choices=HEALTH_CHECKS,
+        metavar="MODE",
+        help="probe each new worker before it hosts a rank (a timed matrix multiply, a device memory "
+        "check, a checked all_reduce) and keep ranks off nodes that fail or fall below "
+        "--health-threshold x the median: quick, thorough, off, or auto (quick on accelerators, off "
+        "on CPUs; the default)",
+    ),
+)
+HEALTH_THRESHOLD = Option(
+    0.5,
+    check=check_fraction,
+    doc="with the health check: the share of the median compute figure below which a worker is unhealthy.",
+    flag=flag(
+        "--health-threshold",
+        parse=float,
+        metavar="SHARE",
+        help="with --health-check: a worker slower than this share of the median is unhealthy (default {default:g})",
     ),
 )
 STARTUP_TIMEOUT = Option(

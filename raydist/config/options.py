@@ -38,6 +38,11 @@ class RunConfig:
     placement_strategy: Optional[str] = placement.PLACEMENT_STRATEGY.field()
     timeout: Optional[float] = life.TIMEOUT.field()
     hang_timeout: Optional[float] = life.HANG_TIMEOUT.field()
+    straggler_action: str = life.STRAGGLER_ACTION.field()
+    straggler_threshold: float = life.STRAGGLER_THRESHOLD.field()
+    straggler_windows: int = life.STRAGGLER_WINDOWS.field()
+    health_check: str = life.HEALTH_CHECK.field()
+    health_threshold: float = life.HEALTH_THRESHOLD.field()
     startup_timeout: float = life.STARTUP_TIMEOUT.field()
     max_restarts: int = life.MAX_RESTARTS.field()
     retry_on_exception: bool = life.RETRY_ON_EXCEPTION.field()
@@ -135,6 +140,13 @@ def _check_combinations(config: RunConfig) -> None:
     _check_spares(config)
     if config.hang_timeout is not None and not config.flight_recorder:
         raise ValueError("hang_timeout needs torch's flight recorder, which is switched off: it is what says which ranks did not arrive")
+    if config.straggler_action == "replace":
+        if not config.flight_recorder:
+            raise ValueError(
+                "straggler_action='replace' needs torch's flight recorder, which is switched off: it is what names a straggler"
+            )
+        if not config.spare_workers:
+            raise ValueError("straggler_action='replace' puts a spare in a straggler's place: it needs spare_workers >= 1")
 
 
 def _check_devices(config: RunConfig) -> None:

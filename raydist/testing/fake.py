@@ -33,18 +33,21 @@ from raydist.testing.processes import FakeCall, FakeProcesses
 from raydist.testing.workers import FakeAgent, FakeProcess, FakeWorker
 
 DRAIN_NOTICE_S = 20.0  # a "drain-node" fault's deadline: the node is gone this long after
+STRAGGLE_STEP_S = 0.1  # a "straggle" fault's world completes one all_reduce this often
 
 
 class FakeCluster:
     """An in-memory cluster of ``nodes`` (name -> resources), plus the driver's node."""
 
-    def __init__(self, nodes: Mapping[str, Mapping[str, float]], faults: Sequence[Fault] = ()):
+    def __init__(
+        self, nodes: Mapping[str, Mapping[str, float]], faults: Sequence[Fault] = (), speeds: Optional[Mapping[str, float]] = None
+    ):
         self.nodes = FakeNodes(nodes)
         self.faults = FaultBook(faults)
         self.clock = VirtualClock()
         self.connected = True
         self._table: Dict[bytes, Any] = {}  # what pickle() stood for
-        self.processes = FakeProcesses(self._table.__getitem__)
+        self.processes = FakeProcesses(self._table.__getitem__, speeds)  # speeds: node -> its workers' GFLOP/s
         self.recorded: List[Tuple[str, float, Dict[str, str]]] = []  # the run's figures (``record``), in order
         self._lock = threading.RLock()
 
@@ -210,15 +213,25 @@ class FakeCluster:
             self.processes.end(process, f"the worker died unexpectedly (exit code {fault.exit_code})", fault.exit_code)  # type: ignore[union-attr]
         elif kind == "lose-node":
             self.lose_node(process.node_id)
-        elif kind in ("hang", "slow"):
+        elif kind in ("hang", "slow", "straggle"):
             call.state = "hung"
             if kind == "hang" and fault.collective and isinstance(process, FakeWorker):  # type: ignore[union-attr]
                 self.processes.wait_in_collective(process, fault.collective, fault.entered, self.time())  # type: ignore[union-attr]
-            if kind == "slow":
+            if kind in ("slow", "straggle"):
                 self.clock.after(fault.seconds, partial(self._finish_slow, call), "fake-slow-call")  # type: ignore[union-attr]
+            if kind == "straggle":
+                self._straggle(call, fault.late, 1)  # type: ignore[union-attr]
         else:
             raising = RuntimeError(f"fault injected into {call.method} (rank/slot {fault.who})") if fault and kind == "raise" else None
             self.processes.run(call, self.time(), raising)
+
+    def _straggle(self, call: FakeCall, late: float, seq: int) -> None:
+        """While ``call`` runs, its world completes all_reduce #``seq``, its rank ``late`` s after the others; the next soon."""
+        with self._lock:
+            if call.state != "hung" or not isinstance(call.process, FakeWorker):
+                return  # it ended (or its process died)
+            self.processes.straggle_step(call.process, seq, late, self.time())
+            self.clock.after(STRAGGLE_STEP_S, partial(self._straggle, call, late, seq + 1), "fake-straggle-step")
 
     def _finish_slow(self, call: FakeCall) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 from raydist.testing.workers import FakeWorker
 
-KINDS = ("raise", "die", "hang", "slow", "lose-node", "drain-node", "act", "interrupt")
+KINDS = ("raise", "die", "hang", "slow", "straggle", "lose-node", "drain-node", "act", "interrupt")
 
 
 @dataclass(eq=False)
@@ -19,7 +19,10 @@ class Fault:
     own step), ``die`` (its process is killed: ``exit_code``), ``hang`` (the
     call never returns; with ``collective`` N, its rank completed all_reduces
     1 to N-1 and waits in #N, or, not ``entered``, never reaches #N; a
-    rank's death fails the calls that wait in a collective, as gloo does), ``slow`` (it returns after ``seconds``), ``lose-node`` / ``drain-node`` (its node), ``act``
+    rank's death fails the calls that wait in a collective, as gloo does), ``slow`` (it returns after ``seconds``),
+    ``straggle`` (it returns after ``seconds``, and meanwhile every rank of
+    its world completes an all_reduce every ``STRAGGLE_STEP_S``, this rank
+    entering each ``late`` seconds after the others), ``lose-node`` / ``drain-node`` (its node), ``act``
     (``action`` runs, as another thread would, before the call), ``interrupt``
     (Ctrl-C: the engine's wait raises KeyboardInterrupt). ``who``: the
     worker's rank once it has one, its slot before; None: any worker."""
@@ -30,7 +33,8 @@ class Fault:
     nth: int = 0
     action: Optional[Callable[[], None]] = None
     exit_code: int = -9
-    seconds: float = 0.0  # how long a "slow" call takes
+    seconds: float = 0.0  # how long a "slow" or "straggle" call takes
+    late: float = 0.0  # how late a "straggle" rank enters each collective
     collective: int = 0  # a "hang" at all_reduce #collective (0: none)
     entered: bool = True  # the hung call waits in that collective (else it never reached it)
     fired: bool = field(default=False, compare=False)

@@ -7,12 +7,12 @@ again wherever there is room, as Ray re-places them."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from raydist.errors import InfeasibleResourcesError, WorkerGroupClosed
 from raydist.pool.records import ClusterNode
-from raydist.pool.rules.sizing import Request, elastic_size
+from raydist.pool.rules.sizing import NodeSelection, Request, elastic_size
 from raydist.testing.workers import node_ip
 
 DRIVER_NODE = "driver-node"  # where the driver runs: no room for workers
@@ -33,6 +33,7 @@ class FakeReservation:
     nodes: Dict[int, Optional[str]]  # bundle -> node (None: waiting for room)
     node_layout: bool = False
     freed: bool = False
+    selection: NodeSelection = field(default_factory=NodeSelection)  # the nodes its bundles may go to (Ray's label selector)
 
 
 class FakeNodes:
@@ -88,7 +89,9 @@ class FakeNodes:
         size = high if low == high else elastic_size(low, high, self.room_for(request))
         if size is None or self.room_for(request) < size:
             return None
-        reservation = FakeReservation(next(self._numbers), dict(request.bundle), {b: None for b in range(size)}, request.node_layout)
+        reservation = FakeReservation(
+            next(self._numbers), dict(request.bundle), {b: None for b in range(size)}, request.node_layout, selection=request.selection
+        )
         self.reservations.append(reservation)
         self.place(reservation)
         return reservation
@@ -112,7 +115,7 @@ class FakeNodes:
         has none for the next; under the node layout, one bundle a node)."""
         if reservation.freed:
             return
-        free, candidates = self.free(), self.usable()
+        free, candidates = self.free(), [node for node in self.usable() if reservation.selection.allows(node)]
         used = set(reservation.nodes.values())
         index = 0
         for bundle in [b for b, node in reservation.nodes.items() if node is None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import signal
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from raydist.pool.cluster.seam import CallFailed, WorkerDied
 from raydist.pool.records import CollectiveEntry
@@ -40,8 +40,9 @@ class FakeCall:
 
 
 class FakeProcesses:
-    def __init__(self, load: Callable[[Any], Any]):
+    def __init__(self, load: Callable[[Any], Any], speeds: Optional[Mapping[str, float]] = None):
         self.workers: List[FakeWorker] = []
+        self._speeds = dict(speeds or {})  # node -> what its workers' compute probe measures (default 100 GFLOP/s)
         self.agents: List[FakeAgent] = []
         self._load = load  # how a worker reads a call it was sent
         self._queues: Dict[int, List[FakeCall]] = {}  # process number -> its calls not yet ended, in order
@@ -51,11 +52,16 @@ class FakeProcesses:
     def start_worker(self, node: Optional[str], reservation: int, slot: int) -> FakeWorker:
         number = next(self._numbers)
         worker = FakeWorker(number, node or "", FIRST_PID + number, reservation=reservation, slot=slot, load=self._load)
+        worker.gflops = self._speeds.get(node or "", worker.gflops)
         self.workers.append(worker)
         self._queues[number] = []
         if node is None:
             self.end(worker, "its bundle is not placed", None)
         return worker
+
+    def set_speed(self, node_id: str, gflops: float) -> None:
+        """What the compute probe of a worker started on ``node_id`` from now on measures."""
+        self._speeds[node_id] = gflops
 
     def start_agent(self, node_id: str, node_alive: bool) -> FakeAgent:
         number = next(self._numbers)
@@ -113,6 +119,16 @@ class FakeProcesses:
             return CollectiveEntry("0", number, "all_reduce", ((1,),), ("float32",), int(now * 1e9), done)
 
         worker.recorder = [entry(n, True) for n in range(1, seq)] + ([entry(seq, False)] if entered else [])
+
+    def straggle_step(self, straggler: FakeWorker, seq: int, late: float, now: float) -> None:
+        """Every live rank of ``straggler``'s world completed all_reduce #``seq``,
+        entered at ``now``; ``straggler`` entered it ``late`` seconds later."""
+        attempt = straggler.env.get("TORCHELASTIC_RESTART_COUNT")
+        for worker in self.workers:
+            if worker.alive and worker.rank is not None and worker.env.get("TORCHELASTIC_RESTART_COUNT") == attempt:
+                entered = now + (late if worker is straggler else 0.0)
+                entry = CollectiveEntry("0", seq, "all_reduce", ((1,),), ("float32",), int(entered * 1e9), True)
+                worker.recorder = [e for e in worker.recorder if e.group != "0" or e.seq != seq][-127:] + [entry]
 
     def recorded(self, pid: int) -> List[CollectiveEntry]:
         """A worker's flight recorder, as its node's agent reads it."""

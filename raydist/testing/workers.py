@@ -72,6 +72,7 @@ class FakeWorker(FakeProcess):
     last_call: Any = None
     load: Callable[[Any], Any] = pickle.loads  # how a sent call is read (the cluster's table)
     recorder: List[CollectiveEntry] = field(default_factory=list)  # its flight recorder, what the agent reads
+    gflops: float = 100.0  # what its pre-flight compute probe measures (its node's speed; 0: the probe fails)
 
     def __repr__(self) -> str:
         return f"FakeWorker(#{self.number}, rank={self.rank}, slot={self.slot}, node={self.node_id})"
@@ -109,6 +110,15 @@ class FakeWorker(FakeProcess):
     def stand_by(self, env: Mapping[str, str], device_type: str) -> int:
         self.env = dict(env)
         return self.pid
+
+    def probe(self, env: Mapping[str, str], device_type: str, mode: str, threads: int) -> Tuple[Optional[float], str]:
+        self.env = dict(env)
+        if self.gflops <= 0:  # a device that fails its probe
+            return None, "RuntimeError: the device did not answer"
+        return self.gflops, ""
+
+    def probe_collective(self, mode: str) -> Tuple[float, float]:
+        return 1.0, 0.01
 
     def ping(self) -> int:
         return self.pid

@@ -1,5 +1,6 @@
 """A rank that drags every step is named from the flight recorders, with no
-change to the code it runs; an even run names no one."""
+change to the code it runs; an even run names no one; with
+``straggler_action="replace"``, a spare on another node takes its place."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import logging
 import os
 import sys
 import time
+from typing import Any, Tuple
 
 import pytest
+import ray
 import ray.cloudpickle
 import torch
 import torch.distributed as dist
+from conftest import assert_nothing_left
 
 import raydist
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
+pytestmark = pytest.mark.timeout(240)
 # The workers need not import this module (tests/live may not be on their path): ship its functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -29,6 +33,7 @@ def steps(count: int, slow_rank: int, delay: float) -> None:
         dist.all_reduce(t)
 
 
+@pytest.mark.usefixtures("ray_local")
 def test_even_steps_name_no_one_and_a_rank_50_ms_slower_per_step_is_named_within_20_steps(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -51,6 +56,7 @@ def test_even_steps_name_no_one_and_a_rank_50_ms_slower_per_step_is_named_within
     assert waits[0] > 0.5 and waits[1] < 0.3, table
 
 
+@pytest.mark.usefixtures("ray_local")
 @pytest.mark.soak  # the warning's once-only rule: tests/unit/rules; a real straggler named: the test above
 def test_the_driver_names_the_straggler_once_while_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
@@ -77,6 +83,7 @@ def crash_then_steps(crash_rank: int, count: int, slow_rank: int, delay: float) 
     return os.getpid()
 
 
+@pytest.mark.usefixtures("ray_local")
 @pytest.mark.soak  # each world's own watch: the engine (the watch is built with each world); a spare's process: test_state's crash
 def test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worlds() -> None:
     with raydist.WorkerGroup(2, max_restarts=1, spare_workers=1, resources_per_worker={"CPU": 0.5}) as group:
@@ -91,3 +98,45 @@ def test_after_a_warm_restart_the_new_worlds_straggler_is_named_not_the_old_worl
         watched = group._run.attempt.watch._workers  # type: ignore[union-attr]
     assert [s.rank for s in found] == [1], found
     assert [w.pid for w in watched] == pids and old_pids[1] not in pids
+
+
+def slow_rank_3_in_the_first_attempt(count: int, delay: float) -> Tuple[int, float, str]:
+    """``count`` steps of one all_reduce; in attempt 0, rank 3 spends ``delay`` more in each.
+    (attempt, the last all_reduce's sum: the world's size, node)."""
+    slow = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and dist.get_rank() == 3
+    for _ in range(count):
+        if slow:
+            time.sleep(delay)  # its node's slowness, as the others see it
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    return int(os.environ["TORCHELASTIC_RESTART_COUNT"]), float(t.item()), ray.get_runtime_context().get_node_id()
+
+
+@pytest.mark.nodes(*[{"num_cpus": 2}] * 3)  # ranks 0-1 on the head, 2-3 on the next node, the spare on the last
+def test_a_rank_slow_every_step_is_replaced_by_a_spare_on_another_node(cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="raydist")
+    start = time.monotonic()
+    # Rank 3 is 150 ms late in every all_reduce: after 2 windows of 20 collectives it is
+    # killed, the spare takes its place (not counted: max_restarts=0), and raydist.run
+    # sends the call again to the new world, where no rank is slow.
+    values = raydist.run(
+        slow_rank_3_in_the_first_attempt,
+        args=(400, 0.15),
+        num_workers=4,
+        spare_workers=1,
+        straggler_action="replace",
+        straggler_windows=2,
+        resources_per_worker={"CPU": 1},
+    )
+    assert [(attempt, total) for attempt, total, _ in values] == [(1, 4.0)] * 4
+    assert time.monotonic() - start < 400 * 0.15  # replaced long before its slow call would have ended
+    lines = [r.getMessage() for r in caplog.records]
+    replaced = [line for line in lines if line.startswith("raydist: straggler: rank 3 on node ") and "replacing it with a spare" in line]
+    assert len(replaced) == 1, lines
+    slow_node = replaced[0].split("on node ")[1].split()[0]
+    # Its node keeps its other rank but took no one new; the spare's node hosts rank 3 now.
+    nodes = [node for _, _, node in values]
+    assert sum(node.startswith(slow_node) for node in nodes) == 1 and not nodes[3].startswith(slow_node)
+    assert any("not counted against max_restarts" in line and "straggler: rank 3" in line for line in lines), lines
+    assert [a.number for a in values.summary.attempts] == [0, 1]  # type: ignore[attr-defined]
+    assert_nothing_left(within=30, files=False)  # the killed rank's files: the next start on its node removes them

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from raydist.errors import COLLECTIVES_HEADER, WorkerFailure, WorkerGroupClosed
 from raydist.pool.driver.agents import NodeAgents
@@ -73,7 +73,8 @@ class Attempt:
         self._drains: Optional[GroupWatcher] = None  # node drains (and room to grow)
         self._watch: Optional[StragglerWatch] = None  # None with flight_recorder=False
         self._attached: Dict[str, Attachment] = {}
-        self._hung: Dict[int, str] = {}  # ranks raydist killed for a hang -> why (``note_hung``)
+        self._killed: Dict[int, str] = {}  # ranks raydist killed (a hang, a straggler) -> why (``note_killed``)
+        self._replaced: Set[int] = set()  # of those, the stragglers: their death is a replacement, not a failure
         self._lock = threading.Lock()  # attach() comes from the loop, stop from the loop or a failed start
         self._watching_ended = False
 
@@ -139,18 +140,27 @@ class Attempt:
         drains = self._drains
         return drains.grow_by if drains is not None else 0
 
-    # -- a hang acted on ----------------------------------------------------
+    # -- a hang or a straggler acted on ---------------------------------------
 
-    def note_hung(self, ranks: Sequence[int], why: str) -> None:
-        """``ranks`` are being killed for a hang (``why``): their deaths say so."""
+    def note_killed(self, ranks: Sequence[int], why: str, replaced: bool = False) -> None:
+        """``ranks`` are being killed by raydist (``why``): their deaths say so;
+        ``replaced``: stragglers put aside for spares (their death is not a failure)."""
         with self._lock:
-            self._hung.update({rank: why for rank in ranks})
+            self._killed.update({rank: why for rank in ranks})
+            if replaced:
+                self._replaced.update(ranks)
 
-    def explain_hung(self, failures: Sequence[WorkerFailure]) -> List[WorkerFailure]:
-        """``failures`` with each death raydist caused for a hang said as such."""
+    def explain_killed(self, failures: Sequence[WorkerFailure]) -> List[WorkerFailure]:
+        """``failures`` with each death raydist caused said as such."""
         with self._lock:
-            hung = dict(self._hung)
-        return [dataclasses.replace(f, died=hung[f.rank]) if f.crashed and f.rank in hung else f for f in failures]
+            killed = dict(self._killed)
+        return [dataclasses.replace(f, died=killed[f.rank]) if f.crashed and f.rank in killed else f for f in failures]
+
+    @property
+    def replaced(self) -> Set[int]:
+        """The stragglers raydist killed to replace them."""
+        with self._lock:
+            return set(self._replaced)
 
     # -- the end -----------------------------------------------------------
 

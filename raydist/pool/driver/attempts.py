@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Collection, List, Optional, Tuple
 
 from raydist.errors import RaydistError, WorkerGroupError
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.startup import Holdings
 from raydist.pool.rules.hangs import NotArrived
-from raydist.pool.rules.policy import Decision, Facts, RestartReason, decide, replace_hung, restart_line
+from raydist.pool.rules.policy import Decision, Facts, RestartReason, decide, replace_hung, replace_straggler, restart_line
 from raydist.pool.rules.restart_plan import restart_summary
+from raydist.pool.rules.stragglers import Straggler
 
 logger = logging.getLogger("raydist")
 
@@ -70,6 +71,10 @@ class Attempts:
     def hung(self, hang: NotArrived, stopping: bool) -> Tuple[int, ...]:
         """The policy's answer to a hang: the ranks to kill (their death is then decided on as a failure)."""
         return replace_hung(hang, stopping)
+
+    def straggler(self, straggler: Straggler, node: str, holdings: Holdings, excluded: Collection[str], stopping: bool) -> Tuple[int, ...]:
+        """The policy's answer to a lasting straggler on ``node``: the ranks to kill (their death is then a replacement)."""
+        return replace_straggler(straggler, node, holdings.spares.seats(), excluded, stopping)
 
     def count(self, decision: Decision, error: BaseException, old_size: int) -> None:
         """The next attempt begins after ``error``: counted, logged, remembered."""

@@ -160,8 +160,8 @@ def ending_of(
     future.release_split()  # readers left in the split's epoch barrier fail now, not after survivor_timeout
     failures = waited.failures
     if stopped is None and any(f.crashed for f in failures):  # read on their nodes: a death may be a lost node
-        failures = attempt.explain_hung(explain_deaths(failures, attempt.workers, attempt.agents))
-    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=attempt.drained)
+        failures = attempt.explain_killed(explain_deaths(failures, attempt.workers, attempt.agents))
+    end = classify_end(failures, waited.pending, stopped=stopped, drained_nodes=attempt.drained, replaced=attempt.replaced)
     call_ended(attempt, future.number, future.sent_at, waited, failures)
     if end is CallEnd.FINISHED:
         return attempt.settle_output(future.number, waited.results), None

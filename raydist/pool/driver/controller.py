@@ -5,7 +5,8 @@ loop (``Cluster.run_loop``: a thread on Ray; turns at virtual moments on
 the fake cluster). User threads never change the run: they post an event
 (``raydist.pool.driver.events``: start, submit, cancel, shutdown, Ctrl-C)
 and wait for its reply or for their call's future. The drain watcher posts
-the room it found; with ``hang_timeout``, the straggler watch posts a hang. On each turn the loop takes the events in order, then
+the room it found; the straggler watch posts a hang (with ``hang_timeout``)
+and a lasting straggler (with ``straggler_action="replace"``). On each turn the loop takes the events in order, then
 reads the calls in flight, oldest first (woken when a rank's call ends, or
 at a call's deadline), and acts:
 
@@ -23,6 +24,10 @@ at a call's deadline), and acts:
   for ``hang_timeout``) is put to the policy (``policy.replace_hung``): the
   ranks it names are killed, and their death, said as the hang, is then a
   failed call like any other;
+- a straggler late for ``straggler_windows`` windows in a row (with
+  ``straggler_action="replace"``) is put to the policy
+  (``policy.replace_straggler``): killed when a spare stands on another node,
+  its node excluded, and its death is a replacement (a warm restart, not counted);
 - a stop (shutdown, cancel, Ctrl-C) releases everything and ends every
   call in flight with it (a call every rank had finished keeps its values).
 
@@ -51,14 +56,14 @@ from functools import partial
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from raydist.config import RunConfig
-from raydist.errors import RaydistError, WorkerGroupClosed, WorkerGroupStopped, ranks_text
+from raydist.errors import InfeasibleResourcesError, RaydistError, UnhealthyWorkers, WorkerGroupClosed, WorkerGroupStopped, ranks_text
 from raydist.pool import signals
 from raydist.pool.cluster.seam import Cluster, LoopRunner
 from raydist.pool.driver.attempt import Attachment, Attempt
 from raydist.pool.driver.attempts import Attempts, Policy, RestartOptions
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_of, forward_signal, send_call
 from raydist.pool.driver.datasets import CallData, split_for_world
-from raydist.pool.driver.events import STOPPING, Cancel, Event, Hung, Interrupt, Reply, RoomFound, Start, Stop, Submit
+from raydist.pool.driver.events import STOPPING, Cancel, Event, Hung, Interrupt, Reply, RoomFound, Slow, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.lifecycle import Lifecycle, weakly
 from raydist.pool.driver.log_files import RunLogs
@@ -71,6 +76,7 @@ from raydist.pool.driver.waiting import CallWait, Waited
 from raydist.pool.records import CallEnd, GroupPhase
 from raydist.pool.rules.hangs import NotArrived
 from raydist.pool.rules.policy import Action, Decision, scale_to
+from raydist.pool.rules.stragglers import Straggler
 
 logger = logging.getLogger("raydist")
 
@@ -106,6 +112,7 @@ class RunController:
             extra_env=self._state.env(cluster, config.state_dir, config.state_keep),
             stopping=weakly(self._stop_requested, True),  # its waits give way to a stop asked meanwhile
             hang_seen=weakly(self._hang_seen, None),
+            slow_seen=weakly(self._slow_seen, None),
         )
         self.life = Lifecycle(on_move=self._builder.timeline.phase)  # the run's phases, in its timeline
         self.summary: RunSummary = self._builder.summary  # where the run's time went, every attempt
@@ -190,6 +197,10 @@ class RunController:
         """The straggler watch saw a hang last ``hang_timeout`` (its thread only posts)."""
         self._post(Hung(attempt, hang, seconds))
 
+    def _slow_seen(self, attempt: int, straggler: Straggler, windows: int) -> None:
+        """The straggler watch saw a straggler stay late for ``windows`` windows (its thread only posts)."""
+        self._post(Slow(attempt, straggler, windows))
+
     # -- the loop: its only writer -------------------------------------------
     def _turn(self) -> Optional[float]:
         """One turn: every event queued, in order, then the calls in flight;
@@ -238,6 +249,8 @@ class RunController:
                 self._grow(event.more)
             elif isinstance(event, Hung):
                 self._hung(event)
+            elif isinstance(event, Slow):
+                self._slow(event)
             reply.give(value)
         except BaseException as error:  # noqa: BLE001 - the asker raises it
             reply.give(error=error)
@@ -366,10 +379,39 @@ class RunController:
             return
         why = f"killed by raydist: {event.hang.line(event.seconds, who='it')}; hang_timeout={self.config.hang_timeout:g} s"
         logger.warning("raydist: hang: %s; killing %s", event.hang.line(event.seconds), ranks_text(ranks))
-        attempt.note_hung(ranks, why)  # before the kills: their deaths are read as the hang
+        attempt.note_killed(ranks, why)  # before the kills: their deaths are read as the hang
+        self._kill(attempt, ranks, "hung: killed", "hang", seconds=event.seconds)
+
+    def _slow(self, event: Slow) -> None:
+        """Replace a lasting straggler of the current world, while a call runs on
+        it, where the policy says (a spare stands on another node): its node is
+        excluded, then it is killed; its call then fails, said as the replacement."""
+        attempt, holdings, straggler = self.attempt, self.holdings, event.straggler
+        if attempt is None or holdings is None or attempt.number != event.attempt or self.life.phase is not GroupPhase.RUNNING:
+            return  # a world that has ended meanwhile
+        if not any(future.attempt is attempt for future in self._in_flight.values()):
+            return  # between calls: the next call's collectives say whether it is still late
+        worker = attempt.workers[straggler.rank]
+        where = f"node {worker.node_id[:12]} ({worker.node_ip})"
+        ranks = self.attempts.straggler(straggler, worker.node_id, holdings, self._builder.excluded, stopping=self._stop_requested())
+        if not ranks:
+            logger.warning("raydist: %s for %d windows; not replaced: no spare ready on another node", straggler.line(where), event.windows)
+            return
+        self._builder.exclude(worker.node_id)  # before the kill: the warm restart puts no one there
+        why = (
+            f"replaced by raydist: it reached collectives {straggler.late_s * 1e3:.0f} ms after the others for "
+            f"{event.windows} windows of {straggler.collectives} collectives (straggler_threshold="
+            f"{self.config.straggler_threshold:g} s); its node hosts no rank for the rest of the run"
+        )
+        logger.warning("raydist: straggler: %s; replacing it with a spare on another node", straggler.line(where))
+        attempt.note_killed(ranks, why, replaced=True)
+        self._kill(attempt, ranks, "straggler: replaced", "straggler", late_s=straggler.late_s)
+
+    def _kill(self, attempt: Attempt, ranks: Tuple[int, ...], what: str, category: str, **details: Any) -> None:
+        """Kill ``ranks`` of ``attempt`` for a hang or a straggler, each a moment of the timeline."""
         for rank in ranks:
             worker = attempt.workers[rank]
-            attempt.timeline.instant("hung: killed", "hang", rank=rank, node=worker.node_id, attempt=attempt.number, seconds=event.seconds)
+            attempt.timeline.instant(what, category, rank=rank, node=worker.node_id, attempt=attempt.number, **details)
             self.cluster.kill(attempt.actors[rank])
 
     # -- starting an attempt ---------------------------------------------------
@@ -396,8 +438,23 @@ class RunController:
         old = self.attempt
         if self.holdings is not None and old is not None:  # a fresh restart: what the last attempt held shows free first
             self.cluster.wait_released(self.holdings.held_resources(old.workers))
-        self.holdings = self._builder.reserve()  # its waits, and the start's, give way to a stop asked meanwhile
-        attempt = self._builder.build(self.holdings, self.attempts.number)
+        unhealthy: Optional[UnhealthyWorkers] = None
+        while True:  # each round excludes another unhealthy node: it ends
+            try:
+                self.holdings = self._builder.reserve()  # its waits, and the start's, give way to a stop asked meanwhile
+            except InfeasibleResourcesError as error:
+                if unhealthy is None:
+                    raise
+                raise InfeasibleResourcesError(f"{error} ({unhealthy})") from None
+            excluded = self._builder.excluded
+            try:
+                attempt = self._builder.build(self.holdings, self.attempts.number)
+                break
+            except UnhealthyWorkers as error:
+                if self._builder.excluded == excluded:
+                    raise  # no node newly excluded: another placement would be the same
+                logger.warning("raydist: %s; placing the workers again without those nodes", error)
+                unhealthy = error
         if self._stop_requested():
             attempt.end()
             raise WorkerGroupClosed("this WorkerGroup was shut down while it started")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from raydist.pool.driver.datasets import CallData
 from raydist.pool.records import CallEnd
 from raydist.pool.rules.hangs import NotArrived
+from raydist.pool.rules.stragglers import Straggler
 
 if TYPE_CHECKING:
     from raydist.pool.driver.calls import WorkerFuture
@@ -74,7 +75,17 @@ class Hung:
     seconds: float
 
 
-Event = Union[Start, Submit, Cancel, Stop, Interrupt, RoomFound, Hung]
+@dataclass(frozen=True)
+class Slow:
+    """The straggler watch saw ``straggler`` of attempt ``attempt`` stay late for
+    ``windows`` windows in a row (with straggler_action="replace"); nobody waits on the reply."""
+
+    attempt: int
+    straggler: Straggler
+    windows: int
+
+
+Event = Union[Start, Submit, Cancel, Stop, Interrupt, RoomFound, Hung, Slow]
 STOPPING = (Cancel, Stop, Interrupt)  # the events that end a run: a warm restart in progress gives way to them
 
 

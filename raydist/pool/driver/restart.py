@@ -90,10 +90,10 @@ class WarmRestart:
         settled = settle_survivors(cluster, failed.actors, refs, waited, old, lost, deadline, live)
         failed.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
         late_results(failed, settled.late)
-        plan = _plan(holdings, failed, settled, leaving, self.sizes, self.startup_timeout, live)
+        plan = _plan(holdings, failed, settled, leaving, builder.excluded, self.sizes, self.startup_timeout, live)
         live()
         doomed = [failed.actors[r] for r in sorted(settled.dead | set(plan.killed))]
-        for actor in doomed + holdings.spares.drop_on(leaving):
+        for actor in doomed + holdings.spares.drop_on(leaving | builder.excluded):
             cluster.kill(actor)
         holdings.forget(doomed)
         # What the replaced processes left on their nodes goes with them (a lost node's went with it).
@@ -112,7 +112,7 @@ class WarmRestart:
         seconds = cluster.time() - failed_at
         cluster.record("raydist_recovery_seconds", seconds, {})
         taken = {w.actor_index for w in new.workers} | holdings.spares.bundles()
-        holdings.spares.refill(free_seats(cluster, holdings.pg, taken), lambda: [as_placement(w) for w in new.workers])
+        holdings.spares.refill(free_seats(cluster, holdings.pg, taken, builder.excluded), lambda: [as_placement(w) for w in new.workers])
         return new, restart_summary(plan, old, len(old), len(new.workers), seconds, self.survivor_timeout)
 
 
@@ -175,13 +175,14 @@ def _plan(
     failed: Attempt,
     settled: Settled,
     leaving: Set[str],
+    excluded: Collection[str],
     worker_range: Optional[Tuple[int, int]],
     startup_timeout: float,
     live: Callable[[], None],
 ) -> RestartPlan:
     """The plan, once the placement group has the places it needs (Ray
     re-places a lost node's bundles where there is room), or
-    InfeasibleResourcesError after ``startup_timeout``."""
+    InfeasibleResourcesError after ``startup_timeout``; no replacement on an ``excluded`` node."""
     size = failed.size
     sizes = worker_range or (size, size)
     sizes = (sizes[0], min(sizes[1], size))  # growing is restart_to_grow's job
@@ -200,6 +201,7 @@ def _plan(
             spares=holdings.spares.seats(),
             free_seats=free_seats(holdings.cluster, holdings.pg, taken),
             sizes=sizes,
+            avoid_nodes=excluded,
         )
         if not plan.missing:
             return plan
@@ -224,5 +226,7 @@ def _join(builder: GroupBuilder, holdings: Holdings, failed: Attempt, plan: Rest
     actors = [actor for actor, _ in joining] + builder.create(holdings, fresh_bundles)
     bundles = [bundle for _, bundle in joining] + fresh_bundles
     placements = builder.describe(holdings, actors, bundles)
+    if fresh_bundles:  # new processes pass the health check before they host a rank (spares did when they started)
+        builder.check_new(holdings, actors[-len(fresh_bundles) :], placements[-len(fresh_bundles) :], placements)
     standby = [s.placement for s in holdings.spares.ready]
     return builder.attempt(holdings, dict(zip(bundles, actors)), placements, number, standby)

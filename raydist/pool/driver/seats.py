@@ -17,13 +17,14 @@ from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.restart_plan import Seat
 
 
-def free_seats(cluster: Cluster, pg: Reservation, taken: Collection[int]) -> List[Seat]:
-    """Bundles of ``pg`` that no member holds, placed on a node that is alive
-    and not draining (a bundle the cluster is still re-placing is not offered)."""
+def free_seats(cluster: Cluster, pg: Reservation, taken: Collection[int], avoid: Collection[str] = ()) -> List[Seat]:
+    """Bundles of ``pg`` that no member holds, placed on a node that is alive,
+    not draining and not in ``avoid`` (a bundle the cluster is still
+    re-placing is not offered)."""
     if pg is None:
         return []
     draining = cluster.draining_nodes()
-    usable = {node.node_id for node in cluster.alive_nodes() if node.node_id not in draining}
+    usable = {node.node_id for node in cluster.alive_nodes() if node.node_id not in draining and node.node_id not in avoid}
     return [Seat(bundle, node) for bundle, node in sorted(cluster.bundle_nodes(pg).items()) if bundle not in taken and node in usable]
 
 

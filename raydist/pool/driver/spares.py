@@ -19,7 +19,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Collection, List, Optional, Sequence, Set
+from typing import Callable, Collection, List, Mapping, Optional, Sequence, Set
 
 from raydist.core.accelerators import Accelerator
 from raydist.pool.cluster.seam import Cluster, Reservation, Timer, Worker
@@ -55,11 +55,13 @@ class SparePool:
         accelerator: Accelerator,
         timeout: float,
         placed: Callable[[Sequence[Placement]], None] = lambda placements: None,
+        healthy: Optional[Callable[[Worker, Placement, Mapping[str, str]], bool]] = None,
     ):
         self.wanted = wanted
         self._cluster = cluster
         self._pg, self._bundle, self._accelerator, self._timeout = pg, bundle, accelerator, timeout
         self._placed = placed  # told of each new spare's process (its files are removed with the group)
+        self._healthy = healthy  # the pre-flight check of a new spare (with health_check): False drops it
         self._lock = threading.Lock()
         self._ready: List[Spare] = []
         self._starting: dict = {}  # bundle -> actor (None: reserved, waiting REFILL_DELAY_S)
@@ -128,7 +130,8 @@ class SparePool:
             self._placed([placement])
             env = standby_env(placement, [s.placement for s in self.ready], workers(), self._accelerator)
             cluster.get([cluster.call(actor, "stand_by", env, self._accelerator.device_type)], timeout=self._timeout)
-            spare = Spare(actor, placement)
+            if self._healthy is None or self._healthy(actor, placement, env):
+                spare = Spare(actor, placement)
         except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
             if not self._closed.is_set():  # else the group was shut down meanwhile and killed it
                 logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)

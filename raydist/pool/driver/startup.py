@@ -9,14 +9,17 @@ failure or an interrupt at any step releases all of it before it propagates.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from raydist.config import RunConfig
 from raydist.core.accelerators import Accelerator
 from raydist.core.backend import TORCH_BACKEND
-from raydist.errors import InfeasibleResourcesError, WorkerGroupError, WorkerStartupTimeout
+from raydist.errors import InfeasibleResourcesError, UnhealthyWorkers, WorkerGroupError, WorkerStartupTimeout
 from raydist.pool.cluster.seam import Cluster, Pending, Reservation, Worker
 from raydist.pool.driver.agents import NodeAgents, explain_deaths
 from raydist.pool.driver.attempt import Attempt
@@ -24,16 +27,18 @@ from raydist.pool.driver.debug_relay import DebugRelay
 from raydist.pool.driver.hooks import GroupHooks
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import GroupOutput, OutputRouter
+from raydist.pool.driver.preflight import PreFlight
 from raydist.pool.driver.seats import free_seats
 from raydist.pool.driver.spares import Spare, SparePool
-from raydist.pool.driver.stragglers import HangSeen, StragglerWatch
+from raydist.pool.driver.stragglers import HangSeen, SlowSeen, StragglerWatch
 from raydist.pool.driver.summary import RunSummary
 from raydist.pool.driver.timeline_events import world_ready
 from raydist.pool.driver.waiting import STARTUP_FAILURE_GRACE_S, wait_for_ranks
 from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
-from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, worker_env
+from raydist.pool.rules.health import health_mode, split_healthy
+from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, standby_env, worker_env
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
@@ -48,6 +53,8 @@ from raydist.pool.rules.sizing import (
 from raydist.pool.timeline import ENV_VAR as TIMELINE_ENV
 from raydist.pool.timeline import Timeline
 from raydist.pool.worker.script import TRACEBACK_TO_STDERR_VAR
+
+logger = logging.getLogger("raydist")
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
@@ -140,6 +147,7 @@ class GroupBuilder:
         extra_env: Optional[Mapping[str, str]] = None,
         stopping: Callable[[], bool] = lambda: False,
         hang_seen: Optional[HangSeen] = None,
+        slow_seen: Optional[SlowSeen] = None,
     ):
         self.config = config
         self._cluster = cluster
@@ -152,9 +160,24 @@ class GroupBuilder:
         self._router = router
         self._stop_group = stop_group  # what the drain watcher calls to stop the group to grow
         self._hang_seen = hang_seen  # what the straggler watch calls when ranks hang (with hang_timeout)
+        self._slow_seen = slow_seen  # ... and when a straggler stays late (with straggler_action="replace")
         self._stopping = stopping  # whether the run was asked to stop: a start-up wait gives way
         self._node_order = tuple(node_order)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
+        self._excluded: Set[str] = set()  # nodes that host no new rank or spare for the rest of the run
+        self._excluded_lock = threading.Lock()  # the loop excludes, and so does a spare's check in the background
+        self._health = PreFlight(cluster, config.health_threshold, self.summary, self.timeline, self._await)  # its probes and their figures
+
+    @property
+    def excluded(self) -> FrozenSet[str]:
+        with self._excluded_lock:
+            return frozenset(self._excluded)
+
+    def exclude(self, node_id: str) -> None:
+        """``node_id`` hosts no new rank, replacement or spare from now on (an
+        unhealthy node, a straggler's), in this placement and every later one."""
+        with self._excluded_lock:
+            self._excluded.add(node_id)
 
     def build(self, holdings: Holdings, number: int) -> Attempt:
         """Attempt ``number`` on new ``holdings`` (from ``reserve``); on
@@ -162,9 +185,10 @@ class GroupBuilder:
         try:
             actors = self.create(holdings, range(holdings.slots))
             placements = self.describe(holdings, actors, range(len(actors)))
-            ranked, standby = _split_spares(placements, self.config.spare_workers, self._cluster.driver_node(), self._node_order)
+            placements, spares = self._preflight(holdings, actors, placements)
+            ranked, standby = _split_spares(placements, spares, self._cluster.driver_node(), self._node_order)
             holdings.spares.adopt([Spare(actors[p.index], p) for p in standby], ranked)
-            attempt = self.attempt(holdings, {p.index: a for p, a in zip(placements, actors)}, ranked, number, standby)
+            attempt = self.attempt(holdings, {p.index: actors[p.index] for p in placements}, ranked, number, standby)
             world_ready(attempt)
             # Off the start path: the other nodes' agents start while the first call runs.
             holdings.agents.start([worker.node_id for worker in attempt.workers] + [spare.node_id for spare in standby])
@@ -172,6 +196,64 @@ class GroupBuilder:
         except BaseException:  # KeyboardInterrupt included: leave nothing running
             self.abandon(holdings)
             raise
+
+    def _preflight(self, holdings: Holdings, actors: Sequence[Worker], placements: List[Placement]) -> Tuple[List[Placement], int]:
+        """The health check of a new group's workers (spares included): the
+        workers that stay and how many of them are spares. An unhealthy
+        worker's node is excluded and its workers killed; spares fill in, an
+        elastic world shrinks; with too few left, UnhealthyWorkers (the run
+        places its workers again, without the excluded nodes)."""
+        config, spares = self.config, self.config.spare_workers
+        mode = health_mode(config.health_check, holdings.accelerator)
+        if mode is None:
+            return placements, spares
+        probed, verdict = self._health.probe(holdings.accelerator, holdings.bundle, [actors[p.index] for p in placements], placements, mode)
+        world = len(placements) - spares
+        minimum = config.worker_range[0] if config.worker_range else world
+        kept, spares, why = split_healthy(probed, verdict, world, min(minimum, world))
+        for node in verdict.nodes:
+            self.exclude(node)
+        if why is not None:
+            raise UnhealthyWorkers(f"health check: {why}")
+        gone = [actors[p.index] for p in placements if p.index not in kept]
+        for actor in gone:
+            self._cluster.kill(actor)
+        holdings.forget(gone)
+        return [p for p in placements if p.index in kept], spares
+
+    def check_new(self, holdings: Holdings, actors: Sequence[Worker], placements: Sequence[Placement], every: Sequence[Placement]) -> None:
+        """The health check of workers that join a running group (``every``: all
+        the world's placements, for the devices each node shows): UnhealthyWorkers,
+        their nodes excluded, when one is below the run's first check's median."""
+        envs = [standby_env(p, [], every, holdings.accelerator) for p in placements]
+        self._check_new(holdings.accelerator, holdings.bundle, actors, placements, envs)
+
+    def _check_new(
+        self,
+        accelerator: Accelerator,
+        bundle: Mapping[str, float],
+        actors: Sequence[Worker],
+        placements: Sequence[Placement],
+        envs: Sequence[Mapping[str, str]],
+    ) -> None:
+        mode = health_mode(self.config.health_check, accelerator)
+        if mode is None or not actors:
+            return
+        _, verdict = self._health.probe(accelerator, bundle, actors, placements, mode, envs)
+        if verdict.unhealthy:
+            for node in verdict.nodes:
+                self.exclude(node)
+            raise UnhealthyWorkers(f"health check: {verdict.text()}")
+
+    def _spare_healthy(
+        self, accelerator: Accelerator, bundle: Mapping[str, float], actor: Worker, placement: Placement, env: Mapping[str, str]
+    ) -> bool:
+        """A spare started in the background (stood by with ``env``) passes the health check (its node excluded if not)."""
+        try:
+            self._check_new(accelerator, bundle, [actor], [placement], [env])
+        except UnhealthyWorkers:
+            return False
+        return True
 
     def abandon(self, holdings: Holdings) -> None:
         """Release a half-built group: actors, agents, placement group, the backend's driver side."""
@@ -183,7 +265,8 @@ class GroupBuilder:
         """The placement group for the group's workers and spares."""
         config, cluster = self.config, self._cluster
         alive = cluster.alive_nodes()
-        nodes = selection.matching(alive) if (selection := NodeSelection.of(config)).active else alive
+        excluded = sorted(self.excluded)  # an earlier attempt's unhealthy nodes, a replaced straggler's
+        nodes = selection.matching(alive) if (selection := NodeSelection.of(config, excluded)).active else alive
         accelerator = resolve_accelerator(config.accelerator, config.resources_per_worker, nodes)
         bundle = worker_bundle(accelerator, config.resources_per_worker, config.accelerator_type)
         sizes = config.worker_range
@@ -197,12 +280,22 @@ class GroupBuilder:
                 )
             sizes = (count, count)
         spares = config.spare_workers
-        request = placement_request(config, bundle, sizes, spares)
+        request = placement_request(config, bundle, sizes, spares, excluded)
         asked = cluster.time()
         pg, size = cluster.reserve(request, config.startup_timeout, self._stopping)
         self.timeline.span("waiting for placement", "placement", asked, cluster.time(), workers=size * request.per_bundle)
         agents = NodeAgents(cluster, cluster.driver_node())
-        pool = SparePool(cluster, spares, pg, bundle, accelerator, config.startup_timeout, placed=agents.note)
+        checked = health_mode(config.health_check, accelerator) is not None
+        pool = SparePool(
+            cluster,
+            spares,
+            pg,
+            bundle,
+            accelerator,
+            config.startup_timeout,
+            placed=agents.note,
+            healthy=partial(self._spare_healthy, accelerator, bundle) if checked else None,
+        )
         return Holdings(cluster, accelerator, bundle, request, pg, pool, agents=agents, slots=size * request.per_bundle)
 
     def create(self, holdings: Holdings, slots: Sequence[int]) -> List[Worker]:
@@ -238,6 +331,9 @@ class GroupBuilder:
         try:
             master_port = next(p.free_port for p in placements if p.index == workers[0].actor_index)
             contexts = self._set_up(holdings, ranked, workers, routes, output, relay, number, master_port)
+            mode = health_mode(self.config.health_check, holdings.accelerator)
+            if mode is not None and all(context is not None for context in contexts):  # raydist's process group
+                self._health.collective(ranked, workers, mode, partial(self._await, agents=holdings.agents))
         except BaseException:
             relay.stop()
             output.close()
@@ -246,7 +342,7 @@ class GroupBuilder:
         attempt = Attempt(
             number, ranked, workers, contexts, routes, output, holdings.agents, relay, self.timeline, self.summary, config.flight_recorder
         )
-        attempt.start(*watchers(config, holdings, attempt, self._stop_group, self._hang_seen))
+        attempt.start(*watchers(config, holdings, attempt, self._stop_group, self._hang_seen, self._slow_seen, self.excluded))
         return attempt
 
     def _set_up(
@@ -343,11 +439,18 @@ def _output_env(routes: Sequence[RankRoute], worker: WorkerInfo) -> Dict[str, st
 
 
 def watchers(
-    config: RunConfig, holdings: Holdings, attempt: Attempt, stop_group: Callable[[], None], hang_seen: Optional[HangSeen] = None
+    config: RunConfig,
+    holdings: Holdings,
+    attempt: Attempt,
+    stop_group: Callable[[], None],
+    hang_seen: Optional[HangSeen] = None,
+    slow_seen: Optional[SlowSeen] = None,
+    excluded: FrozenSet[str] = frozenset(),
 ) -> Tuple[GroupWatcher, Optional[StragglerWatch]]:
     """``attempt``'s watchers, to start: drains (warn the ranks on a draining
-    node; with restart_to_grow, stop the group to grow) and stragglers (and,
-    with hang_timeout, hangs: ``hang_seen`` is told)."""
+    node; with restart_to_grow, stop the group to grow) and stragglers (with
+    hang_timeout, hangs: ``hang_seen`` is told; with straggler_action="replace",
+    lasting stragglers: ``slow_seen``); no growth onto an ``excluded`` node."""
     workers, request, sizes = attempt.workers, holdings.request, config.worker_range
 
     def warn(ranks: List[int], deadline: float) -> None:
@@ -363,7 +466,7 @@ def watchers(
         more = holdings.cluster.room_for(request, taken) * request.per_bundle
         if not request.node_layout:  # bundles of a lost node that Ray re-placed after a warm shrink: the group holds them
             seats = {w.actor_index for w in workers} | holdings.spares.bundles()
-            more += len(free_seats(holdings.cluster, holdings.pg, seats))
+            more += len(free_seats(holdings.cluster, holdings.pg, seats, excluded))
         return min(sizes[1] - len(workers), more) if sizes else 0
 
     growable = config.restart_to_grow and sizes is not None and len(workers) < sizes[1]
@@ -378,6 +481,8 @@ def watchers(
             since=holdings.cluster.time(),
             hang_timeout=config.hang_timeout,
             on_hang=hang_seen if config.hang_timeout is not None else None,
+            slow=(config.straggler_threshold, config.straggler_windows),
+            on_slow=slow_seen if config.straggler_action == "replace" else None,
         )
         if config.flight_recorder
         else None

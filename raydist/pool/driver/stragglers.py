@@ -2,7 +2,10 @@
 a group lives and names a rank that reaches collectives consistently late
 (the rule is ``raydist.pool.rules.stragglers``); with ``hang_timeout``, it
 also tells the run when ranks have not reached a collective the others wait
-in for that long (``raydist.pool.rules.hangs.not_arrived``), once per hang.
+in for that long (``raydist.pool.rules.hangs.not_arrived``), once per hang;
+with ``straggler_action="replace"``, when a straggler has stayed late for
+``straggler_windows`` windows in a row (``lengthen_streaks``), and again
+after as many more if it is still there.
 
 The calls themselves carry nothing extra: every ``POLL_INTERVAL_S`` the
 watch asks each node's agent, which asks its workers' diagnostics threads
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 from raydist.pool.cluster.seam import Cluster, Timer
 from raydist.pool.records import CollectiveEntry, WorkerInfo
 from raydist.pool.rules.hangs import NotArrived, not_arrived
-from raydist.pool.rules.stragglers import Straggler, find_stragglers
+from raydist.pool.rules.stragglers import Straggler, Streak, find_stragglers, lengthen_streaks
 from raydist.pool.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -36,6 +39,7 @@ REPORT_EVERY_S = 300.0  # a rank still late is named again after this long
 KEPT_ENTRIES = 128  # per rank, across polls
 CLOCK_SAMPLES = 3
 HangSeen = Callable[[int, NotArrived, float], None]  # (attempt, the hang, seconds it lasted)
+SlowSeen = Callable[[int, Straggler, int], None]  # (attempt, the straggler, windows it stayed late)
 
 
 class StragglerWatch:
@@ -52,6 +56,8 @@ class StragglerWatch:
         since: Optional[float] = None,
         hang_timeout: Optional[float] = None,
         on_hang: Optional[HangSeen] = None,
+        slow: Optional[Tuple[float, int]] = None,
+        on_slow: Optional[SlowSeen] = None,
     ):
         self._workers = list(workers)
         # A kept process's recorder still holds its last world's collectives: only this world's count.
@@ -71,6 +77,9 @@ class StragglerWatch:
         self.first_named: Dict[int, Straggler] = {}  # each rank's verdict when it was first named
         self._hang_timeout, self._on_hang = hang_timeout, on_hang
         self._hang_since: Dict[Tuple[str, int, Tuple[int, ...]], float] = {}  # a hang seen -> when first (cluster clock)
+        self._slow, self._on_slow = slow, on_slow  # (threshold in seconds, windows in a row) to tell
+        self._streaks: Dict[int, Streak] = {}
+        self._seen = 0  # collectives every rank recorded, in all (the streaks' clock)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the next poll is scheduled, or cancelled, once
         self._next: Optional[Timer] = None
@@ -129,7 +138,21 @@ class StragglerWatch:
         self.stragglers = verdict
         for straggler in verdict:
             self._name(straggler)
+        self._check_slow(verdict)
         return verdict
+
+    def _check_slow(self, verdict: List[Straggler]) -> None:
+        """Tell the run of a straggler late for ``windows`` windows in a row; its
+        streak starts again (a replacement the run declined is asked again later)."""
+        if self._slow is None or self._on_slow is None:
+            return
+        threshold, windows = self._slow
+        self._streaks = lengthen_streaks(self._streaks, verdict, self._seen, threshold)
+        for straggler in verdict:
+            streak = self._streaks.get(straggler.rank)
+            if streak is not None and streak.windows >= windows:
+                del self._streaks[straggler.rank]
+                self._on_slow(self._attempt, straggler, streak.windows)
 
     def _check_hang(self, read: bool) -> None:
         """Tell the run of ranks that have not reached a collective for ``hang_timeout``
@@ -167,6 +190,7 @@ class StragglerWatch:
             if len(times) < len(history):
                 continue
             self._counted.add(key)
+            self._seen += 1
             last = max(times.values())
             for rank, entered in times.items():
                 self.waits[rank] += (last - entered) / 1e9

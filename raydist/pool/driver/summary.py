@@ -39,6 +39,19 @@ class RankTimes:
 
 
 @dataclass
+class HealthFigures:
+    """A pre-flight check: the workers' compute figures (median, lowest), the
+    world's all_reduce bandwidth, and the nodes excluded with why."""
+
+    workers: int
+    median_gflops: Optional[float]
+    lowest_gflops: Optional[float]
+    seconds: float  # the probes' round trip
+    excluded: Dict[str, str] = field(default_factory=dict)  # node id -> why
+    allreduce_gbps: Optional[float] = None
+
+
+@dataclass
 class AttemptTimes:
     """One attempt: its world, how it ended, how soon it ran after the fault before it."""
 
@@ -57,6 +70,7 @@ class RunSummary:
     def __init__(self) -> None:
         self.attempts: List[AttemptTimes] = []
         self.slowest: Optional[Straggler] = None  # the late rank, of the last attempt that had one
+        self.health: List[HealthFigures] = []  # each pre-flight check, in order
         self._fault_at: Optional[float] = None
         self._started: Dict[int, float] = {}  # a process's start, by pid: a kept process started once
         self._held_by: Dict[int, List[RankTimes]] = {}  # each process's rank in every world it was in
@@ -143,6 +157,17 @@ class RunSummary:
             if stragglers:
                 self.slowest = max(stragglers, key=lambda straggler: straggler.late_s)
 
+    def health_checked(self, figures: HealthFigures) -> None:
+        """A pre-flight check of new workers ended (``figures``)."""
+        with self._lock:
+            self.health.append(figures)
+
+    def bandwidth_checked(self, gbps: float) -> None:
+        """The world's pre-flight all_reduce: its bus bandwidth, with the last check's figures."""
+        with self._lock:
+            if self.health:
+                self.health[-1].allreduce_gbps = gbps
+
     def ended(self, how: str) -> None:
         """The run ended: ``how`` the last attempt did (unless a failure already said)."""
         with self._lock:
@@ -156,7 +181,7 @@ class RunSummary:
     def table(self) -> str:
         """The summary as text: one line per attempt, one per rank of the last attempt, the slowest rank."""
         with self._lock:
-            attempts, slowest = list(self.attempts), self.slowest
+            attempts, slowest, health = list(self.attempts), self.slowest, list(self.health)
         if not attempts:
             return "raydist run summary: no world was started"
         lines = [f"raydist run summary: {len(attempts)} attempt(s)"]
@@ -185,6 +210,7 @@ class RunSummary:
             lines.append(f"slowest rank: {slowest.line()}")
         else:
             lines.append("slowest rank: none (no rank reached collectives consistently late)")
+        lines += [_health_line(check) for check in health]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -200,6 +226,14 @@ class RunResults(List[Any]):
     def __init__(self, values: List[Any], summary: RunSummary):
         super().__init__(values)
         self.summary = summary
+
+
+def _health_line(check: HealthFigures) -> str:
+    """``health check: 5 workers, 41.2 GFLOP/s median (lowest 3.1), all_reduce 1.20 GB/s, 0.08 s; excluded node …: why``."""
+    figures = "no figure" if check.median_gflops is None else f"{check.median_gflops:.3g} GFLOP/s median (lowest {check.lowest_gflops:.3g})"
+    bandwidth = f", all_reduce {check.allreduce_gbps:.3g} GB/s" if check.allreduce_gbps is not None else ""
+    excluded = "".join(f"; excluded node {node[:12]}: {why}" for node, why in check.excluded.items())
+    return f"health check: {check.workers} worker(s), {figures}{bandwidth}, {check.seconds:.2f} s{excluded}"
 
 
 def _seconds(value: Optional[float]) -> str:

@@ -16,6 +16,8 @@ from raydist.errors import RaydistError, WorkerFailure, WorkerGroupError, root_c
 from raydist.pool.records import CallEnd
 from raydist.pool.rules.explain import NODE_LOST_TEXT
 from raydist.pool.rules.hangs import NotArrived
+from raydist.pool.rules.restart_plan import Seat
+from raydist.pool.rules.stragglers import Straggler
 
 
 def classify_end(
@@ -24,12 +26,13 @@ def classify_end(
     *,
     stopped: Optional[CallEnd] = None,
     drained_nodes: Collection[str] = (),
+    replaced: Collection[int] = (),
 ) -> CallEnd:
     """How a call ended, from its failed and unfinished ranks and why the
     driver stopped the group meanwhile, if it did (``stopped``: CANCELLED,
-    GROW or SHUT_DOWN). What raydist did itself explains the ranks' failures
-    before anything the ranks reported; a call every rank finished keeps
-    its values whatever came after."""
+    GROW or SHUT_DOWN; ``replaced``: stragglers it killed to replace them).
+    What raydist did itself explains the ranks' failures before anything the
+    ranks reported; a call every rank finished keeps its values whatever came after."""
     finished = not failures and not pending  # every rank's value came back: a later stop cannot take it
     if stopped is not None and not finished:
         return stopped
@@ -37,6 +40,8 @@ def classify_end(
         if any(failure.node_id in drained_nodes for failure in failures):
             return CallEnd.DRAINED
         root = root_cause(failures)
+        if root.crashed and root.rank in replaced:
+            return CallEnd.REPLACED
         return CallEnd.NODE_LOST if root.crashed and NODE_LOST_TEXT in (root.died or "") else CallEnd.RANK_FAILED
     return CallEnd.TIMED_OUT if pending else CallEnd.FINISHED
 
@@ -95,8 +100,8 @@ def decide(error: BaseException, facts: Facts) -> Decision:
 
     A preemption and a growth are not counted against ``max_restarts``; a
     dead rank or a lost node are; code that raised only with
-    ``retry_on_exception``. Time-outs, cancellations and shut-downs end the
-    run. A restart is warm when the run restarts in place, its attempt had
+    ``retry_on_exception``; nor a straggler raydist replaced. Time-outs,
+    cancellations and shut-downs end the run. A restart is warm when the run restarts in place, its attempt had
     started, no node layout binds whole nodes and no warm restart for this
     failure failed already; otherwise it starts afresh where the run may,
     else raises. A run asked to stop meanwhile ends.
@@ -127,6 +132,20 @@ def replace_hung(hang: NotArrived, stopping: bool) -> Tuple[int, ...]:
     return () if stopping else hang.behind
 
 
+def replace_straggler(
+    straggler: Straggler, node: str, spares: Sequence[Seat], excluded: Collection[str], stopping: bool
+) -> Tuple[int, ...]:
+    """The ranks to kill now for ``straggler`` (late for ``straggler_windows``
+    windows in a row, on ``node``): the straggler, when a ready spare stands
+    on another node that is not ``excluded`` (a replacement on its own node
+    would be as slow), and no stop was asked. Its death is then put to
+    ``decide`` as a replacement: a warm restart, not counted; the node hosts
+    no rank again. Without such a spare, the straggler is only reported."""
+    if stopping or not any(spare.node_id != node and spare.node_id not in excluded for spare in spares):
+        return ()
+    return (straggler.rank,)
+
+
 def scale_to(size: int, more: int, sizes: Optional[Tuple[int, int]], fresh_allowed: bool) -> Optional[int]:
     """The size to restart a running world of ``size`` at, now that the
     cluster has room for ``more`` workers (``restart_to_grow``): up to the
@@ -139,12 +158,14 @@ def scale_to(size: int, more: int, sizes: Optional[Tuple[int, int]], fresh_allow
 
 
 def _reason(end: Optional[CallEnd], error: BaseException, retry_on_exception: bool) -> Optional[RestartReason]:
-    if not isinstance(error, WorkerGroupError) or end not in (CallEnd.DRAINED, CallEnd.NODE_LOST, CallEnd.RANK_FAILED):
+    if not isinstance(error, WorkerGroupError) or end not in (CallEnd.DRAINED, CallEnd.NODE_LOST, CallEnd.RANK_FAILED, CallEnd.REPLACED):
         return None
     root = error.root_cause
     if end is CallEnd.DRAINED:
         nodes = ", ".join(node[:12] for node in error.preempted_nodes)
         return RestartReason("preemption", f"node(s) {nodes} drained by Ray", counted=False)
+    if end is CallEnd.REPLACED:
+        return RestartReason("straggler", f"rank {root.rank} on node {root.node_id[:12]} {root.died}", counted=False)
     if root.crashed:
         kind = "node lost" if end is CallEnd.NODE_LOST else "failure"
         return RestartReason(kind, f"rank {root.rank} on node {root.node_id[:12]}: {root.died}", counted=True)

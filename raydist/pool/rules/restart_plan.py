@@ -52,6 +52,7 @@ def plan_restart(
     spares: Sequence[Seat],
     free_seats: Sequence[Seat],
     sizes: Tuple[int, int],
+    avoid_nodes: Collection[str] = (),
 ) -> RestartPlan:
     """The next world, from the old one (``workers`` by rank).
 
@@ -59,7 +60,8 @@ def plan_restart(
     not return in time; ``leaving_nodes``: nodes lost or draining (their
     ranks leave; no spare or free seat there is offered); ``spares``: ready
     spares, best first; ``free_seats``: bundles free on nodes that stay;
-    ``sizes``: (min, max) workers, equal for a fixed size.
+    ``sizes``: (min, max) workers, equal for a fixed size; ``avoid_nodes``:
+    nodes where no replacement goes (a replaced straggler's), their kept ranks staying.
     """
     dead, leaving_nodes = set(dead), set(leaving_nodes)  # (looked up once per rank)
     gone = dead | set(stuck)
@@ -68,8 +70,9 @@ def plan_restart(
     killed = tuple(w.rank for w in workers if w.rank not in dead and w.rank not in kept_ranks)
     node_order = tuple(node for node in dict.fromkeys(w.node_id for w in workers) if node not in leaving_nodes)
     low, high = sizes
-    usable_spares = [i for i, spare in enumerate(spares) if spare.node_id not in leaving_nodes]
-    seats = _seats_in_order(free_seats, workers, gone, node_order, leaving_nodes)
+    closed = leaving_nodes | set(avoid_nodes)  # no replacement there
+    usable_spares = [i for i, spare in enumerate(spares) if spare.node_id not in closed]
+    seats = _seats_in_order(free_seats, workers, gone, node_order, closed)
     available = len(kept) + len(usable_spares) + len(seats)
     if available < low:
         return RestartPlan(kept, (), (), killed, 0, node_order, missing=low - available)

@@ -167,8 +167,9 @@ class NodeSelection:
     exclude: Tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, config: "RunConfig") -> "NodeSelection":
-        return cls(dict(config.label_selector), config.accelerator_type, tuple(config.exclude_nodes))
+    def of(cls, config: "RunConfig", also_excluded: Sequence[str] = ()) -> "NodeSelection":
+        """The run's selection; ``also_excluded``: node ids the run itself has excluded (unhealthy, a straggler's)."""
+        return cls(dict(config.label_selector), config.accelerator_type, (*config.exclude_nodes, *also_excluded))
 
     @property
     def active(self) -> bool:
@@ -306,11 +307,13 @@ class Request:
         return workers_that_fit(self.bundle, free, self.strategy)
 
 
-def placement_request(config: "RunConfig", worker: Mapping[str, float], sizes: Tuple[int, int], spares: int = 0) -> Request:
+def placement_request(
+    config: "RunConfig", worker: Mapping[str, float], sizes: Tuple[int, int], spares: int = 0, also_excluded: Sequence[str] = ()
+) -> Request:
     """The request for a run: node layout under ``num_nodes`` (``sizes`` in
     nodes), else one worker per bundle with the configured strategy, and
-    ``spares`` more bundles for spare workers."""
-    selection = NodeSelection.of(config)
+    ``spares`` more bundles for spare workers; never on ``also_excluded`` nodes."""
+    selection = NodeSelection.of(config, also_excluded)
     if config.node_range is not None:
         return Request(dict(worker), config.workers_per_node or 1, config.node_range, "STRICT_SPREAD", selection, True)
     with_spares = (sizes[0] + spares, sizes[1] + spares)

@@ -105,3 +105,33 @@ def find_stragglers(
         if sum(value >= min_late_s for value in values) >= share * len(values):
             found.append(Straggler(rank, statistics.median(values), len(keys), keys[-1][1]))
     return found
+
+
+@dataclass(frozen=True)
+class Streak:
+    """A rank late by at least a threshold in ``windows`` windows in a row; the
+    last one ended when ``at`` common collectives had been seen."""
+
+    windows: int
+    at: int
+
+
+def lengthen_streaks(
+    streaks: Mapping[int, Streak], verdict: Sequence[Straggler], seen: int, threshold_s: float, window: int = WINDOW
+) -> Dict[int, Streak]:
+    """The streaks after a verdict read when ``seen`` common collectives had
+    been seen in all: a rank named at least ``threshold_s`` late over a full
+    window starts one, or adds a window once ``window`` new collectives came
+    since its last; a rank no longer named (or less late) loses its streak."""
+    lengthened: Dict[int, Streak] = {}
+    for straggler in verdict:
+        if straggler.late_s < threshold_s or straggler.collectives < window:
+            continue
+        streak = streaks.get(straggler.rank)
+        if streak is None:
+            lengthened[straggler.rank] = Streak(1, seen)
+        elif seen - streak.at >= window:
+            lengthened[straggler.rank] = Streak(streak.windows + 1, seen)
+        else:
+            lengthened[straggler.rank] = streak
+    return lengthened

@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, AbstractSet, Any, Callable, FrozenSet, Mapping, Optional
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, FrozenSet, Mapping, Optional, Tuple
 
 import ray
 import ray.cloudpickle
@@ -322,6 +322,35 @@ class RayWorker:
         if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
             set_device(f"{device_type}:{index}")
         return os.getpid()
+
+    def probe(self, env: Mapping[str, str], device_type: str, mode: str, threads: int) -> Tuple[Optional[float], str]:
+        """The pre-flight probes (``raydist.pool.worker.health``) on this worker's
+        device, pinned from ``env`` as a spare's is: (GFLOP/s, "") or (None, why they failed)."""
+        import torch
+
+        from raydist.core.devices import is_device_available, is_indexed, set_device
+        from raydist.core.environment import DEVICE_INDEX_VAR
+        from raydist.pool.worker import health
+
+        os.environ.update(env)
+        index = env.get(DEVICE_INDEX_VAR)
+        device = "cpu"
+        try:
+            if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
+                device = f"{device_type}:{index}"
+                set_device(device)
+            gflops = health.compute_gflops(torch.device(device), mode, threads)
+            health.check_memory(torch.device(device), mode)
+        except Exception as error:  # noqa: BLE001 - a probe that fails is the verdict
+            return None, f"{type(error).__name__}: {error}"
+        return gflops, ""
+
+    def probe_collective(self, mode: str) -> Tuple[float, float]:
+        """The pre-flight all_reduce on the world's process group: (bus GB/s, seconds); raises on a wrong sum."""
+        from raydist.core.initialize import get_context
+        from raydist.pool.worker import health
+
+        return health.collective_gbps(mode, get_context().device)
 
     def ping(self) -> int:
         return os.getpid()

@@ -34,6 +34,9 @@ FIGURES: Dict[str, Figure] = {
     "raydist_save_state_blocking_seconds": Figure("histogram", "seconds save_state blocked a rank's loop", ("rank",)),
     "raydist_data_wait_seconds": Figure("counter", "seconds a rank waited for its next batch of a Ray Data shard", ("rank",)),
     "raydist_committed_step": Figure("gauge", "the last training-state step a rank saw committed", ("rank",)),
+    "raydist_health_gflops": Figure("gauge", "a new worker's pre-flight matrix multiply, GFLOP/s", ("node",)),
+    "raydist_health_allreduce_gbps": Figure("gauge", "a world's pre-flight all_reduce, bus GB/s", ()),
+    "raydist_health_excluded_nodes": Figure("counter", "nodes the pre-flight check excluded", ()),
 }
 BOUNDARIES = [0.001, 0.01, 0.1, 1.0, 10.0, 100.0]  # seconds, for the histogram
 

@@ -382,6 +382,71 @@ def test_a_rank_that_never_reaches_a_collective_at_each_moment(moment: str, mode
     assert cluster.leftovers() == []
 
 
+# A straggler (rank 1 enters every all_reduce 200 ms late; its call would take 60 s) in
+# the first call, or in the call retried after rank 1 died (the restart then spent).
+# With a spare, straggler_action="replace" (the default windows) puts the spare in its
+# place, not counted; without one (replace needs a spare), it is only reported and the
+# call runs to its end.
+STRAGGLED: List[Tuple[str, str, Outcome]] = [
+    ("running", "none", Ok(attempt=0, size=4, started=4)),
+    ("running", "warm", Ok(attempt=0, size=4, started=4)),
+    ("running", "fresh", Ok(attempt=0, size=4, started=4)),
+    ("running", "spare", Ok(attempt=1, size=4, started=5)),
+    ("running", "elastic", Ok(attempt=0, size=4, started=4)),
+    ("rerunning", "warm", Ok(attempt=1, size=4, started=5)),
+    ("rerunning", "fresh", Ok(attempt=1, size=4, started=8)),
+    ("rerunning", "spare", Ok(attempt=2, size=4, started=6)),
+    ("rerunning", "elastic", Ok(attempt=1, size=4, started=5)),
+]
+
+
+@pytest.mark.parametrize(("moment", "mode", "expected"), STRAGGLED, ids=[f"{m}-{o}" for m, o, _ in STRAGGLED])
+def test_a_straggler_at_each_moment(moment: str, mode: str, expected: Outcome) -> None:
+    nth = HUNG_MOMENTS[moment]
+    faults = [Fault(*DEATH)] if nth else []
+    faults.append(Fault("execute", "straggle", who=1, nth=nth, seconds=LONG_CALL_S - 1, late=0.2))
+    replacing = {"straggler_action": "replace"} if MODES[mode].get("spare_workers") else {}
+    cluster, outcome = run(faults, mode, flight_recorder=True, **replacing)
+    assert all(fault.fired for fault in faults)
+    assert_outcome(outcome, expected)
+    assert cluster.leftovers() == []
+
+
+# The pre-flight check (health_check="quick") finds node-b's workers healthy, slow
+# (10 GFLOP/s against 100) or failing their probe. An unhealthy node is excluded:
+# spares fill in, an elastic world shrinks, else the workers are placed again
+# without it; here no placement without node-b fits 4 (node-a 2 + node-c 1).
+NO_ROOM_WITHOUT_B = "(health check: {left} healthy worker(s) left, 4 needed: node node-b: {why})"
+SLOW_WHY = "10 GFLOP/s, below 0.5 x the median 55 GFLOP/s"  # 4 workers, 2 of them slow: the median between
+SLOW_WHY_5 = "10 GFLOP/s, below 0.5 x the median 100 GFLOP/s"  # with the spare on node-c: 3 of 5 at 100
+FAILED_WHY = "its probe failed: RuntimeError: the device did not answer"
+SPEEDS = {"healthy": {}, "slow": {"node-b": 10.0}, "failed probe": {"node-b": 0.0}}
+HEALTH: List[Tuple[str, str, Outcome]] = [
+    ("healthy", "none", Ok(attempt=0, size=4, started=4)),
+    ("healthy", "warm", Ok(attempt=0, size=4, started=4)),
+    ("healthy", "fresh", Ok(attempt=0, size=4, started=4)),
+    ("healthy", "spare", Ok(attempt=0, size=4, started=5)),
+    ("healthy", "elastic", Ok(attempt=0, size=4, started=4)),
+    ("slow", "none", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=SLOW_WHY), started=4)),
+    ("slow", "warm", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=SLOW_WHY), started=4)),
+    ("slow", "fresh", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=SLOW_WHY), started=4)),
+    ("slow", "spare", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=3, why=SLOW_WHY_5), started=5)),
+    ("slow", "elastic", Ok(attempt=0, size=2, started=4)),
+    ("failed probe", "none", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=FAILED_WHY), started=4)),
+    ("failed probe", "warm", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=FAILED_WHY), started=4)),
+    ("failed probe", "fresh", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=2, why=FAILED_WHY), started=4)),
+    ("failed probe", "spare", Fails(InfeasibleResourcesError, NO_ROOM_WITHOUT_B.format(left=3, why=FAILED_WHY), started=5)),
+    ("failed probe", "elastic", Ok(attempt=0, size=2, started=4)),
+]
+
+
+@pytest.mark.parametrize(("verdict", "mode", "expected"), HEALTH, ids=[f"{v}-{m}" for v, m, _ in HEALTH])
+def test_a_health_verdict_in_each_mode(verdict: str, mode: str, expected: Outcome) -> None:
+    cluster, outcome = run([], mode, FakeCluster(NODES, speeds=SPEEDS[verdict]), health_check="quick")
+    assert_outcome(outcome, expected)
+    assert cluster.leftovers() == []
+
+
 # Waiting for placement: another program holds node-a's 2 CPUs until 5 s in
 # ("hang": for good); at 2 s node-b is lost or starts draining, or Ctrl-C
 # arrives. No worker exists yet, so nothing can raise or die. An elastic run

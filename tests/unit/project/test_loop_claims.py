@@ -14,9 +14,10 @@ CONTROLLER = PACKAGE / "pool" / "driver" / "controller.py"
 
 # What a user's thread runs in RunController: post an event and wait (and read).
 USER_SIDE = {"send", "shutdown", "_post", "_ask", "_wait", "_interrupt", "_wait_for_call", "_cancel_call", "_room_found", "_hang_seen"}
+USER_SIDE |= {"_slow_seen"}
 # What only the loop runs: every change of the run.
 LOOP_SIDE = {"_turn", "_handle", "_send", "_end_calls", "_after_failure", "_decide", "_restart_warm", "_restart_fresh", "_grow"}
-LOOP_SIDE |= {"_start", "_open_attempt", "_cancel", "_interrupted", "_hung", "stop"}
+LOOP_SIDE |= {"_start", "_open_attempt", "_cancel", "_interrupted", "_hung", "_slow", "_kill", "stop"}
 
 
 def calls_in(tree: ast.AST) -> Iterator[Tuple[str, ast.Call]]:
@@ -46,6 +47,9 @@ def test_the_policy_is_asked_in_one_place_by_the_loop_alone() -> None:
     # A hang is put to the policy the same way, by the loop alone.
     hanging = [name for name, method in methods.items() if any(call == "self.attempts.hung" for call, _ in calls_in(method))]
     assert hanging == ["_hung"] and "_hung" in LOOP_SIDE
+    # And a lasting straggler.
+    slow = [name for name, method in methods.items() if any(call == "self.attempts.straggler" for call, _ in calls_in(method))]
+    assert slow == ["_slow"] and "_slow" in LOOP_SIDE
 
 
 def test_the_phase_moves_only_in_the_loop() -> None:

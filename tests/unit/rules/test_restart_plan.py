@@ -51,6 +51,22 @@ def test_a_ready_spare_goes_before_a_fresh_process() -> None:
     assert (plan.kept, plan.spares, plan.fresh, plan.size) == ((0, 2, 3), (0,), (), 4)
 
 
+def test_no_replacement_goes_to_an_avoided_node_whose_kept_ranks_stay() -> None:
+    # Rank 1 (a straggler on node a) is replaced: not by node a's spare, nor in its own bundle.
+    workers = world([("a", 2), ("b", 2)])
+    plan = plan_restart(
+        workers,
+        dead={1},
+        stuck=(),
+        leaving_nodes=(),
+        spares=[Seat(4, "a"), Seat(5, "c")],
+        free_seats=[Seat(1, "a")],
+        sizes=(4, 4),
+        avoid_nodes={"a"},
+    )
+    assert (plan.kept, plan.spares, plan.fresh, plan.size, plan.node_order) == ((0, 2, 3), (1,), (), 4, ("a", "b"))
+
+
 def test_node_loss_shrinks_an_elastic_world_and_keeps_the_node_order() -> None:
     workers = world([("a", 2), ("b", 2), ("c", 2)])
     plan = plan_restart(

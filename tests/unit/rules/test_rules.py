@@ -20,8 +20,10 @@ from raydist.pool.rules.explain import NODE_LOST_TEXT
 from raydist.pool.rules.layout import RECORDER_BUFFER_VAR, worker_env
 from raydist.pool.rules.logs import split_forwarded
 from raydist.pool.rules.outcomes import death_line, rank_failure
-from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide, scale_to
+from raydist.pool.rules.policy import Action, Decision, Facts, classify_end, decide, replace_straggler, scale_to
+from raydist.pool.rules.restart_plan import Seat
 from raydist.pool.rules.sizing import DATA_CPUS_LABEL, default_num_workers, infeasibility, resolve_accelerator, worker_bundle
+from raydist.pool.rules.stragglers import Straggler
 
 GPU = BY_NAME["gpu"]
 
@@ -255,6 +257,30 @@ def test_code_that_raised_restarts_only_with_retry_on_exception() -> None:
     assert decision.reason is not None and decision.reason.detail == "rank 0: ValueError: bad batch"
 
 
+def test_a_replaced_straggler_restarts_warm_and_is_not_counted() -> None:
+    replaced = group_error(CallEnd.REPLACED, failure(1, died="replaced by raydist: it reached collectives 200 ms after the others"))
+    decision = decided(replaced, left=0)
+    assert decision.action is Action.WARM and decision.reason is not None and not decision.reason.counted
+    assert decision.reason.kind == "straggler" and decision.reason.detail.startswith("rank 1 on node aaaaaaaaaaaa replaced by raydist")
+
+
+def test_a_straggler_is_replaced_only_by_a_spare_on_another_node_that_is_not_excluded() -> None:
+    slow = Straggler(rank=3, late_s=0.2, collectives=20, last_seq=60)
+    assert replace_straggler(slow, "b", [Seat(4, "c")], excluded=(), stopping=False) == (3,)
+    assert replace_straggler(slow, "b", [Seat(4, "b")], excluded=(), stopping=False) == ()  # as slow as it
+    assert replace_straggler(slow, "b", [Seat(4, "c")], excluded={"c"}, stopping=False) == ()
+    assert replace_straggler(slow, "b", [], excluded=(), stopping=False) == ()
+    assert replace_straggler(slow, "b", [Seat(4, "c")], excluded=(), stopping=True) == ()
+
+
+def test_the_death_of_a_replaced_straggler_ends_the_call_as_a_replacement() -> None:
+    killed = failure(1, died="replaced by raydist", at=2.0)
+    peer = failure(0, traceback="RuntimeError: [gloo] Connection closed by peer", at=1.0)
+    assert classify_end([killed, peer], [], replaced={1}) is CallEnd.REPLACED
+    assert classify_end([killed, peer], [], replaced={2}) is CallEnd.RANK_FAILED
+    assert classify_end([killed], [], stopped=CallEnd.SHUT_DOWN, replaced={1}) is CallEnd.SHUT_DOWN
+
+
 def test_a_preemption_is_not_counted() -> None:
     drained = group_error(CallEnd.DRAINED, failure(0, died="killed"), preempted=("a" * 16,))
     decision = decided(drained, left=0)
@@ -297,6 +323,7 @@ RESTARTS_BY_END = {
     CallEnd.NODE_LOST: (True, True),
     CallEnd.DRAINED: (True, True),
     CallEnd.GROW: (False, False),  # growth is not a failure: the scaling rule decides it (scale_to)
+    CallEnd.REPLACED: (True, True),  # raydist put a spare in a straggler's place
     CallEnd.TIMED_OUT: (False, False),  # as the README says: a timeout= is never restarted
     CallEnd.CANCELLED: (False, False),
     CallEnd.SHUT_DOWN: (False, False),

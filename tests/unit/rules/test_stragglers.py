@@ -6,7 +6,7 @@ import random
 from typing import Any, Callable, Dict, List
 
 from raydist.pool.records import CollectiveEntry
-from raydist.pool.rules.stragglers import Straggler, find_stragglers, lateness
+from raydist.pool.rules.stragglers import WINDOW, Straggler, Streak, find_stragglers, lateness, lengthen_streaks
 
 STEP_NS = 60_000_000
 
@@ -76,3 +76,26 @@ def test_finding_stragglers_takes_work_linear_in_the_ranks(count_calls: Callable
         work.append(count_calls(lambda recorders=recorders: find_stragglers(recorders)))
         assert [s.rank for s in find_stragglers(recorders)] == [3]
     assert work[1] <= 4.5 * work[0]
+
+
+def late(rank: int, late_s: float, collectives: int = WINDOW) -> Straggler:
+    return Straggler(rank, late_s, collectives, last_seq=0)
+
+
+def test_a_streak_adds_a_window_per_window_of_new_collectives() -> None:
+    streaks = lengthen_streaks({}, [late(1, 0.2)], seen=20, threshold_s=0.05)
+    assert streaks == {1: Streak(1, 20)}
+    assert lengthen_streaks(streaks, [late(1, 0.2)], seen=39, threshold_s=0.05) == {1: Streak(1, 20)}  # the same window still
+    streaks = lengthen_streaks(streaks, [late(1, 0.2)], seen=40, threshold_s=0.05)
+    assert lengthen_streaks(streaks, [late(1, 0.2)], seen=60, threshold_s=0.05) == {1: Streak(3, 60)}
+
+
+def test_a_streak_ends_when_the_rank_is_no_longer_named_or_below_the_threshold() -> None:
+    streaks = {1: Streak(2, 40), 2: Streak(2, 40)}
+    assert lengthen_streaks(streaks, [late(1, 0.2)], seen=60, threshold_s=0.05) == {1: Streak(3, 60)}
+    assert lengthen_streaks(streaks, [late(1, 0.02), late(2, 0.2)], seen=60, threshold_s=0.05) == {2: Streak(3, 60)}
+
+
+def test_a_verdict_over_less_than_a_window_starts_no_streak() -> None:
+    # Named from 8 collectives on (a report), but a replacement rests on full windows only.
+    assert lengthen_streaks({}, [late(1, 0.2, collectives=8)], seen=8, threshold_s=0.05) == {}
