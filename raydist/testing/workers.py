@@ -111,8 +111,11 @@ class FakeWorker(FakeProcess):
         self.env = dict(env)
         return self.pid
 
-    def probe(self, env: Mapping[str, str], device_type: str, mode: str, threads: int) -> Tuple[Optional[float], str]:
+    def probe_ready(self, env: Mapping[str, str], device_type: str) -> str:
         self.env = dict(env)
+        return "cpu"
+
+    def probe(self, mode: str, threads: int) -> Tuple[Optional[float], str]:
         if self.gflops <= 0:  # a device that fails its probe
             return None, "RuntimeError: the device did not answer"
         return self.gflops, ""

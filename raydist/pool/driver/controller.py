@@ -53,7 +53,7 @@ import logging
 import threading
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from raydist.config import RunConfig
 from raydist.errors import InfeasibleResourcesError, RaydistError, UnhealthyWorkers, WorkerGroupClosed, WorkerGroupStopped, ranks_text
@@ -98,6 +98,7 @@ class RunController:
         self._calls = 0
         self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
+        self._not_replaced: Set[Tuple[int, int]] = set()  # (attempt, rank) of stragglers said to stay for want of a spare
         self.holdings: Optional[Holdings] = None
         self.attempt: Optional[Attempt] = None  # the attempt that runs (or the last one, once stopped)
         cluster.connect(config.address, config.startup_timeout)
@@ -395,7 +396,11 @@ class RunController:
         where = f"node {worker.node_id[:12]} ({worker.node_ip})"
         ranks = self.attempts.straggler(straggler, worker.node_id, holdings, self._builder.excluded, stopping=self._stop_requested())
         if not ranks:
-            logger.warning("raydist: %s for %d windows; not replaced: no spare ready on another node", straggler.line(where), event.windows)
+            if (attempt.number, straggler.rank) not in self._not_replaced:  # said once; asked again each time it lasts
+                self._not_replaced.add((attempt.number, straggler.rank))
+                logger.warning(
+                    "raydist: %s for %d windows; not replaced: no spare ready on another node", straggler.line(where), event.windows
+                )
             return
         self._builder.exclude(worker.node_id)  # before the kill: the warm restart puts no one there
         why = (

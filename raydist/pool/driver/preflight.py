@@ -55,8 +55,11 @@ class PreFlight:
         threads = max(1, int(bundle.get("CPU", 1)))  # the worker's CPU share: as many torch threads
         started = cluster.time()
         envs = list(envs) or [standby_env(p, [], placements, accelerator) for p in placements]
-        calls = [cluster.call(actor, "probe", env, accelerator.device_type, mode, threads) for actor, env in zip(actors, envs)]
-        results = self._wait((), calls, "probed")
+        # Two round trips: every worker imports and pins first, then all are timed together.
+        self._wait(
+            (), [cluster.call(actor, "probe_ready", env, accelerator.device_type) for actor, env in zip(actors, envs)], "ready to probe"
+        )
+        results = self._wait((), [cluster.call(actor, "probe", mode, threads) for actor in actors], "probed")
         probed = [Probed(p.index, p.node_id, gflops, error) for p, (gflops, error) in zip(placements, results)]
         verdict = judge(probed, self._threshold, self._median)
         if self._median is None:

@@ -160,6 +160,7 @@ class RayWorker:
         self._reserved: Optional[socket.socket] = None  # the free port this worker offered for MASTER_PORT
         self._store: Any = None  # rank 0: the rendezvous store on MASTER_PORT, held for the world's life
         self._last_call = b""  # the last small call: execute() without one runs it again
+        self._probed_device = "cpu"  # the device the pre-flight probes run on (probe_ready)
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -323,22 +324,38 @@ class RayWorker:
             set_device(f"{device_type}:{index}")
         return os.getpid()
 
-    def probe(self, env: Mapping[str, str], device_type: str, mode: str, threads: int) -> Tuple[Optional[float], str]:
-        """The pre-flight probes (``raydist.pool.worker.health``) on this worker's
-        device, pinned from ``env`` as a spare's is: (GFLOP/s, "") or (None, why they failed)."""
-        import torch
+    def probe_ready(self, env: Mapping[str, str], device_type: str) -> str:
+        """Before the pre-flight probes: torch imported and the device pinned from
+        ``env`` (as a spare's is), so that no worker's probe is timed while another
+        imports; the device probed ("" when the pinning failed: the probe says why)."""
+        import torch  # noqa: F401
 
         from raydist.core.devices import is_device_available, is_indexed, set_device
         from raydist.core.environment import DEVICE_INDEX_VAR
-        from raydist.pool.worker import health
+        from raydist.pool.worker import health  # noqa: F401
 
         os.environ.update(env)
         index = env.get(DEVICE_INDEX_VAR)
-        device = "cpu"
+        self._probed_device = "cpu"
         try:
             if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
-                device = f"{device_type}:{index}"
-                set_device(device)
+                self._probed_device = f"{device_type}:{index}"
+                set_device(self._probed_device)
+        except Exception as error:  # noqa: BLE001 - said by the probe
+            self._probed_device = f"!{type(error).__name__}: {error}"
+        return self._probed_device
+
+    def probe(self, mode: str, threads: int) -> Tuple[Optional[float], str]:
+        """The pre-flight probes (``raydist.pool.worker.health``) on the device
+        ``probe_ready`` pinned: (GFLOP/s, "") or (None, why they failed)."""
+        import torch
+
+        from raydist.pool.worker import health
+
+        device = self._probed_device
+        if device.startswith("!"):
+            return None, device[1:]
+        try:
             gflops = health.compute_gflops(torch.device(device), mode, threads)
             health.check_memory(torch.device(device), mode)
         except Exception as error:  # noqa: BLE001 - a probe that fails is the verdict

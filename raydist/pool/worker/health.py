@@ -1,10 +1,12 @@
 """The pre-flight probes a worker runs before it hosts a rank (``health_check``).
 
 - compute: a square matrix multiply on the worker's device, sized for it
-  (a CPU core does a 256 x 256 float32 product in about a millisecond, an
-  H100 an 8192 x 8192 one in about as long), timed ``reps`` times after one
-  warm-up; the figure is GFLOP/s at the median time, so one descheduled
-  repetition does not make a healthy worker look slow;
+  (a CPU core does a 512 x 512 float32 product in about 10 ms: longer than
+  a scheduler's time slice, so a core shared with other work shows as
+  slower; an H100 does a 4096 x 4096 one in well under a millisecond),
+  timed ``reps`` times after one warm-up; the figure is GFLOP/s at the
+  median time, so one descheduled repetition does not make a healthy worker
+  look slow;
 - memory (accelerators): a block of device memory filled and summed back,
   a part of what is free (a device whose memory is held by a stray process
   or broken fails here, before the user's model does);
@@ -43,8 +45,8 @@ class Sizes:
 
 
 SIZES = {
-    "quick": Sizes(cpu_side=256, device_side=4096, reps=5, memory_bytes=256 * MiB, memory_share=0.25, allreduce_bytes=4 * MiB),
-    "thorough": Sizes(cpu_side=1024, device_side=8192, reps=20, memory_bytes=16 * 1024 * MiB, memory_share=0.8, allreduce_bytes=64 * MiB),
+    "quick": Sizes(cpu_side=512, device_side=4096, reps=5, memory_bytes=256 * MiB, memory_share=0.25, allreduce_bytes=4 * MiB),
+    "thorough": Sizes(cpu_side=1536, device_side=8192, reps=20, memory_bytes=16 * 1024 * MiB, memory_share=0.8, allreduce_bytes=64 * MiB),
 }
 
 
