@@ -20,7 +20,7 @@ from raydist.pool.cluster.seam import Cluster, Pending, Worker
 from raydist.pool.driver.summary import HealthFigures, RunSummary
 from raydist.pool.records import Placement, WorkerInfo
 from raydist.pool.rules.health import Probed, Verdict, judge
-from raydist.pool.rules.layout import standby_env
+from raydist.pool.rules.layout import pinning_envs
 from raydist.pool.timeline import Timeline
 
 logger = logging.getLogger("raydist")
@@ -54,7 +54,7 @@ class PreFlight:
         cluster = self._cluster
         threads = max(1, int(bundle.get("CPU", 1)))  # the worker's CPU share: as many torch threads
         started = cluster.time()
-        envs = list(envs) or [standby_env(p, [], placements, accelerator) for p in placements]
+        envs = list(envs) or pinning_envs(placements, placements, accelerator)
         # Two round trips: every worker imports and pins first, then all are timed together.
         self._wait(
             (), [cluster.call(actor, "probe_ready", env, accelerator.device_type) for actor, env in zip(actors, envs)], "ready to probe"

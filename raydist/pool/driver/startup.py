@@ -38,7 +38,7 @@ from raydist.pool.driver.watcher import GroupWatcher
 from raydist.pool.progress import progress
 from raydist.pool.records import CallEnd, Placement, WorkerInfo, WorkerSpec
 from raydist.pool.rules.health import health_mode, split_healthy
-from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, standby_env, worker_env
+from raydist.pool.rules.layout import assign_ranks, backend_for_devices, node_layout_broken, pinning_envs, worker_env
 from raydist.pool.rules.logs import RankRoute
 from raydist.pool.rules.policy import classify_end
 from raydist.pool.rules.sizing import (
@@ -225,7 +225,7 @@ class GroupBuilder:
         """The health check of workers that join a running group (``every``: all
         the world's placements, for the devices each node shows): UnhealthyWorkers,
         their nodes excluded, when one is below the run's first check's median."""
-        envs = [standby_env(p, [], every, holdings.accelerator) for p in placements]
+        envs = pinning_envs(placements, every, holdings.accelerator)
         self._check_new(holdings.accelerator, holdings.bundle, actors, placements, envs)
 
     def _check_new(

@@ -5,14 +5,17 @@ Before a world's ranks are chosen, every worker of it (spares included)
 times a matrix multiply on its device (``raydist.pool.worker.health``) and,
 on an accelerator, allocates and checks some of its memory. A worker is
 unhealthy when a probe failed, or when its compute figure falls below
-``threshold`` times the median of the workers probed with it (or of a
-reference median: a spare started later is held to the run's first one).
+``threshold`` times the median of the workers probed with it on the other
+nodes (or of a reference median: a spare started later is held to the run's
+first one): workers that share a node's cores slow each other down, so a
+node is compared with the others, never with itself.
 The figures of ranks on one node are not independent (a node's own
 slowness slows each of them), so the unit excluded is the node.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
@@ -76,23 +79,51 @@ class Verdict:
 
 def judge(probed: Sequence[Probed], threshold: float, reference: Optional[float] = None) -> Verdict:
     """The verdict on ``probed``: a failed probe is unhealthy; so is a compute
-    figure below ``threshold`` x the median (``reference`` where given, else
-    the median of the figures here)."""
-    figures = [p.gflops for p in probed if p.gflops is not None]
-    median = reference if reference is not None else (statistics.median(figures) if figures else None)
+    figure below ``threshold`` x the median of the workers on the other nodes
+    (``reference`` where given: a later worker is held to the run's first
+    check). A node is compared with the others, never with itself: workers
+    that share a node's cores slow each other down, and a one-node run has
+    nothing to compare with (only a failed probe counts there)."""
+    figures = sorted(p.gflops for p in probed if p.gflops is not None)
+    by_node: Dict[str, List[float]] = {}
+    for p in probed:
+        if p.gflops is not None:
+            by_node.setdefault(p.node_id, []).append(p.gflops)
+    others = {node: _median_without(figures, sorted(own)) for node, own in by_node.items()}
     unhealthy: List[Unhealthy] = []
     for p in probed:
         if p.gflops is None:
             unhealthy.append(Unhealthy(p.index, p.node_id, f"its probe failed: {p.error}"))
-        elif median is not None and p.gflops < threshold * median:
+            continue
+        median = reference if reference is not None else others[p.node_id]
+        if median is not None and p.gflops < threshold * median:
             unhealthy.append(
-                Unhealthy(
-                    p.index,
-                    p.node_id,
-                    f"{p.gflops:.3g} GFLOP/s, below {threshold:g} x the median {median:.3g} GFLOP/s",
-                )
+                Unhealthy(p.index, p.node_id, f"{p.gflops:.3g} GFLOP/s, below {threshold:g} x the median {median:.3g} GFLOP/s")
             )
-    return Verdict(median, tuple(unhealthy))
+    overall = reference if reference is not None else (statistics.median(figures) if figures else None)
+    return Verdict(overall, tuple(unhealthy))
+
+
+def _median_without(ordered: Sequence[float], removed: Sequence[float]) -> Optional[float]:
+    """The median of ``ordered`` (sorted) less the values ``removed`` (sorted, all
+    in it), None when nothing is left; log^2 n, so that every node's may be taken."""
+    left = len(ordered) - len(removed)
+    if left <= 0:
+        return None
+
+    def smallest(k: int) -> float:  # the k-th smallest left (0-based): the first value with more than k left at or below it
+        lo, hi = 0, len(ordered) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            value = ordered[mid]
+            if bisect.bisect_right(ordered, value) - bisect.bisect_right(removed, value) > k:
+                hi = mid
+            else:
+                lo = mid + 1
+        return ordered[lo]
+
+    middle = left // 2
+    return smallest(middle) if left % 2 else (smallest(middle - 1) + smallest(middle)) / 2
 
 
 def split_healthy(probed: Sequence[Probed], verdict: Verdict, world: int, minimum: int) -> Tuple[List[int], int, Optional[str]]:

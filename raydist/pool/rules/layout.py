@@ -157,7 +157,17 @@ def standby_env(
 ) -> Dict[str, str]:
     """A spare's device variables: its node's visible devices (workers and
     spares there) and its own device's position among them."""
-    visible = node_devices([*placements, *standby]).get(spare.node_id, ())
+    return _pinning_env(spare, node_devices([*placements, *standby]), accelerator)
+
+
+def pinning_envs(chosen: Sequence[Placement], every: Sequence[Placement], accelerator: Accelerator) -> List[Dict[str, str]]:
+    """``standby_env`` of each of ``chosen`` among ``every``, each node's devices read once."""
+    devices = node_devices(every)
+    return [_pinning_env(placement, devices, accelerator) for placement in chosen]
+
+
+def _pinning_env(spare: Placement, devices: Mapping[str, Tuple[str, ...]], accelerator: Accelerator) -> Dict[str, str]:
+    visible = devices.get(spare.node_id, ())
     env: Dict[str, str] = {}
     if accelerator.visible_devices_var is not None:
         env[accelerator.visible_devices_var] = ",".join(visible)

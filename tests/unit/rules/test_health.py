@@ -12,9 +12,9 @@ def probed(*figures: float, node_of: str = "abcdefgh") -> list:
     ]
 
 
-def test_a_worker_below_the_threshold_of_the_median_is_unhealthy() -> None:
+def test_a_worker_below_the_threshold_of_the_other_nodes_median_is_unhealthy() -> None:
     verdict = judge(probed(100, 98, 40, 102), threshold=0.5)
-    assert verdict == Verdict(99.0, (Unhealthy(2, "node-c", "40 GFLOP/s, below 0.5 x the median 99 GFLOP/s"),))
+    assert verdict == Verdict(99.0, (Unhealthy(2, "node-c", "40 GFLOP/s, below 0.5 x the median 100 GFLOP/s"),))
     assert judge(probed(100, 98, 60, 102), threshold=0.5).unhealthy == ()
 
 
@@ -46,3 +46,25 @@ def test_the_unit_excluded_is_the_node_and_spares_fill_in() -> None:
 def test_auto_probes_accelerators_and_not_cpus() -> None:
     assert health_mode("auto", CPU) is None and health_mode("auto", BY_NAME["gpu"]) == "quick"
     assert health_mode("off", BY_NAME["gpu"]) is None and health_mode("thorough", CPU) == "thorough"
+
+
+def test_a_node_is_compared_with_the_others_never_with_itself() -> None:
+    # Workers sharing one node's cores slow each other: one node alone has nothing to compare with.
+    assert judge(probed(100, 30, 60, 20, node_of="aaaa"), threshold=0.5).unhealthy == ()
+    # Two nodes, one at half speed or less: only it; half the workers slow no longer drag the median down.
+    verdict = judge(probed(100, 100, 10, 10, node_of="aabb"), threshold=0.5)
+    assert verdict.nodes == ["node-b"] and verdict.unhealthy[0].why == "10 GFLOP/s, below 0.5 x the median 100 GFLOP/s"
+    assert judge(probed(100, 0, node_of="aa"), threshold=0.5).nodes == ["node-a"]  # a failed probe counts anywhere
+
+
+def test_the_median_of_the_other_nodes_is_exact() -> None:
+    # Nodes of 1 to 3 workers, figures with repeats: each node's reference is the median of the rest.
+    import statistics
+
+    figures = [50, 60, 60, 70, 80, 80, 80, 90, 20]
+    nodes = "aabcccdde"
+    verdict = judge(probed(*figures, node_of=nodes), threshold=0.9)
+    for bad in verdict.unhealthy:
+        rest = [f for f, n in zip(figures, nodes) if f"node-{n}" != bad.node_id]
+        assert bad.why.endswith(f"the median {statistics.median(rest):.3g} GFLOP/s")
+    assert {bad.node_id for bad in verdict.unhealthy} == {"node-a", "node-b", "node-e"}
