@@ -67,13 +67,15 @@ def test_four_ranks_on_five_nodes_one_slow_for_real_never_start_a_rank_there(clu
     try:
         # 4 ranks and a spare fill the 5 nodes: every node's worker is probed, and the
         # spare's place goes to the rank the slow node would have hosted.
-        values = raydist.run(rank_node_and_sum, num_workers=4, spare_workers=1, health_check="quick", health_threshold=0.5)
+        # Threshold 0.2: the healthy workers share this machine's two cores, so their own figures
+        # spread by about 2x; the slow node's is some 40x below theirs.
+        values = raydist.run(rank_node_and_sum, num_workers=4, spare_workers=1, health_check="quick", health_threshold=0.2)
         nodes: List[str] = [node for node, _ in values]
         assert [total for _, total in values] == [4.0] * 4
         assert slow.node_id not in nodes and len(set(nodes)) == 4
         line = next(line for line in str(values.summary).splitlines() if line.startswith("health check"))  # type: ignore[attr-defined]
         assert line.startswith("health check: 5 worker(s), ") and " GB/s, " in line, line  # the all_reduce's figure
-        assert f"; excluded node {slow.node_id[:12]}: " in line and "below 0.5 x the median" in line, line
+        assert f"; excluded node {slow.node_id[:12]}: " in line and "below 0.2 x the median" in line, line
         # The excluded node's killed worker left its files there: no agent starts on an excluded
         # node, and the next worker start on that machine removes them (as a lost node's).
         assert_nothing_left(within=30, files=False)
