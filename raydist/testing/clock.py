@@ -60,6 +60,7 @@ class VirtualClock:
         self._running = 0  # functions running now (each on its thread, joined by a waiting thread)
         self._done_running = threading.Condition(self._lock)
         self._parked: List[Callable[[], None]] = []  # each waiting user's thread's Ctrl-C handler, oldest first
+        self._driving = threading.Lock()  # held by the user's thread that moves the clock now (run_until)
 
     def interrupt(self) -> None:
         """Ctrl-C: the user's thread waiting on the run says so at once (its
@@ -100,35 +101,50 @@ class VirtualClock:
         self, settled: Callable[[], bool], deadline: Optional[float], step: Callable[[], None], waiting_for: Callable[[], str] = str
     ) -> None:
         """Until ``settled()`` or ``deadline``: ``step()``, the functions due, and time moving on.
-        ``waiting_for()`` names what the engine waits for, should it wait forever."""
+        ``waiting_for()`` names what the engine waits for, should it wait forever.
+
+        Several user threads may wait at once: one of them moves the clock at a
+        time (``_driving``), each move whole (the functions due, then the calls
+        that can run), so that no thread runs calls while another runs a
+        function, whatever the machine's load. A function of the clock that
+        waits itself (a sleep in the run's loop) moves it from within."""
         while True:
-            if self._wait_for_other_driver():
-                continue  # nothing else moves while another waiting thread runs a function
-            self._run_actions()
-            self._deliver_interrupt()
-            if settled():  # before anything more runs: a user's thread goes on as soon as its answer came
-                return
-            step()
-            self._deliver_interrupt()
-            if self.busy:
-                continue
-            if settled():
-                return
-            if self._wait_for_other_driver():
-                continue
-            due = self._next_due()
-            if deadline is not None and (due is None or due > deadline):
-                self.now = max(self.now, deadline)
-                return
-            if due is None or due > HORIZON_S:
-                what = waiting_for()
-                raise EngineStuck(f"the engine waits forever{' for ' + what if what else ''}")
-            with self._lock:
-                self.now = max(self.now, due)
-                while self._timers and self._timers[0].due <= self.now:
-                    timer = heapq.heappop(self._timers)
-                    if not timer.cancelled:
-                        self._actions.append(timer.fn)
+            with contextlib.nullcontext() if in_action() else self._driving:
+                if self._move(settled, deadline, step, waiting_for):
+                    return
+
+    def _move(
+        self, settled: Callable[[], bool], deadline: Optional[float], step: Callable[[], None], waiting_for: Callable[[], str]
+    ) -> bool:
+        """One move of ``run_until``; True once it is done."""
+        if self._wait_for_other_driver():
+            return False  # nothing else moves while another waiting thread runs a function
+        self._run_actions()
+        self._deliver_interrupt()
+        if settled():  # before anything more runs: a user's thread goes on as soon as its answer came
+            return True
+        step()
+        self._deliver_interrupt()
+        if self.busy:
+            return False
+        if settled():
+            return True
+        if self._wait_for_other_driver():
+            return False
+        due = self._next_due()
+        if deadline is not None and (due is None or due > deadline):
+            self.now = max(self.now, deadline)
+            return True
+        if due is None or due > HORIZON_S:
+            what = waiting_for()
+            raise EngineStuck(f"the engine waits forever{' for ' + what if what else ''}")
+        with self._lock:
+            self.now = max(self.now, due)
+            while self._timers and self._timers[0].due <= self.now:
+                timer = heapq.heappop(self._timers)
+                if not timer.cancelled:
+                    self._actions.append(timer.fn)
+        return False
 
     def _wait_for_other_driver(self) -> bool:
         """Another user's thread runs a function of the clock (the engine is
