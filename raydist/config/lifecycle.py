@@ -151,7 +151,7 @@ HEALTH_CHECK = Option(
     "median is unhealthy: its node hosts no rank for the rest of the run, a spare takes its place "
     '(an elastic world shrinks), else the run fails before any user code. "quick" (milliseconds), '
     '"thorough" (larger probes, most of the free device memory), "off"; "auto" (the default): '
-    '"quick" on accelerators, "off" on CPU workers, which share cores with each other.',
+    '"quick" on accelerators torch can see, "off" on CPU workers, which share cores with each other.',
     flag=flag(
         "--health-check",
         parse=str.lower,

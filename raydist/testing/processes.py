@@ -43,6 +43,7 @@ class FakeProcesses:
     def __init__(self, load: Callable[[Any], Any], speeds: Optional[Mapping[str, float]] = None):
         self.workers: List[FakeWorker] = []
         self._speeds = dict(speeds or {})  # node -> what its workers' compute probe measures (default 100 GFLOP/s)
+        self._devices_visible = True
         self.agents: List[FakeAgent] = []
         self._load = load  # how a worker reads a call it was sent
         self._queues: Dict[int, List[FakeCall]] = {}  # process number -> its calls not yet ended, in order
@@ -53,6 +54,7 @@ class FakeProcesses:
         number = next(self._numbers)
         worker = FakeWorker(number, node or "", FIRST_PID + number, reservation=reservation, slot=slot, load=self._load)
         worker.gflops = self._speeds.get(node or "", worker.gflops)
+        worker.devices_visible = self._devices_visible
         self.workers.append(worker)
         self._queues[number] = []
         if node is None:
@@ -62,6 +64,11 @@ class FakeProcesses:
     def set_speed(self, node_id: str, gflops: float) -> None:
         """What the compute probe of a worker started on ``node_id`` from now on measures."""
         self._speeds[node_id] = gflops
+
+    def hide_devices(self) -> None:
+        """Workers started from now on do not see their accelerators (torch falls
+        back to the CPU), as on a cluster whose GPUs Ray only counts."""
+        self._devices_visible = False
 
     def start_agent(self, node_id: str, node_alive: bool) -> FakeAgent:
         number = next(self._numbers)

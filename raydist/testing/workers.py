@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from raydist.core.environment import DEVICE_INDEX_VAR
 from raydist.pool.records import CollectiveEntry, Outcome, Placement, WorkerEvidence, WorkerSpec
 
 FIRST_PID = 50_000_000  # above any real pid (Linux's pid_max is at most 2**22): a stray signal finds no process
@@ -73,6 +74,7 @@ class FakeWorker(FakeProcess):
     load: Callable[[Any], Any] = pickle.loads  # how a sent call is read (the cluster's table)
     recorder: List[CollectiveEntry] = field(default_factory=list)  # its flight recorder, what the agent reads
     gflops: float = 100.0  # what its pre-flight compute probe measures (its node's speed; 0: the probe fails)
+    devices_visible: bool = True  # False: its accelerator is only counted, torch falls back to the CPU
 
     def __repr__(self) -> str:
         return f"FakeWorker(#{self.number}, rank={self.rank}, slot={self.slot}, node={self.node_id})"
@@ -113,7 +115,9 @@ class FakeWorker(FakeProcess):
 
     def probe_ready(self, env: Mapping[str, str], device_type: str) -> str:
         self.env = dict(env)
-        return "cpu"
+        if device_type == "cpu" or not self.devices_visible:
+            return "cpu"
+        return f"{device_type}:{env.get(DEVICE_INDEX_VAR, '0')}"  # the fake names no device ids: its first
 
     def probe(self, mode: str, threads: int) -> Tuple[Optional[float], str]:
         if self.gflops <= 0:  # a device that fails its probe

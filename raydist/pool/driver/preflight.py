@@ -19,7 +19,7 @@ from raydist.core.accelerators import Accelerator
 from raydist.pool.cluster.seam import Cluster, Pending, Worker
 from raydist.pool.driver.summary import HealthFigures, RunSummary
 from raydist.pool.records import Placement, WorkerInfo
-from raydist.pool.rules.health import Probed, Verdict, judge
+from raydist.pool.rules.health import Probed, Verdict, judge, judged
 from raydist.pool.rules.layout import pinning_envs
 from raydist.pool.timeline import Timeline
 
@@ -32,12 +32,13 @@ Wait = Callable[[Sequence[WorkerInfo], List[Pending], str], List[Any]]
 class PreFlight:
     """A run's health checks: the probes' round trips, the verdicts and the figures recorded."""
 
-    def __init__(self, cluster: Cluster, threshold: float, summary: RunSummary, timeline: Timeline, wait: Wait):
+    def __init__(self, cluster: Cluster, option: str, threshold: float, summary: RunSummary, timeline: Timeline, wait: Wait):
         self._cluster = cluster
-        self._threshold = threshold
+        self._option, self._threshold = option, threshold  # ``health_check``, ``health_threshold``
         self._summary, self._timeline = summary, timeline
         self._wait = wait
         self._median: Optional[float] = None  # the first check's median GFLOP/s: later workers' reference
+        self._off = False  # set when a probe found nothing to judge ("auto", devices not visible): no all_reduce either
 
     def probe(
         self,
@@ -47,18 +48,23 @@ class PreFlight:
         placements: Sequence[Placement],
         mode: str,
         envs: Sequence[Mapping[str, str]] = (),
-    ) -> Tuple[List[Probed], Verdict]:
+    ) -> Optional[Tuple[List[Probed], Verdict]]:
         """Round trip: the probes on ``actors`` (at ``placements``, each pinned to its
         device by ``envs``, else as a spare among ``placements`` would be) and the
-        verdict on them; the figures recorded, each exclusion said."""
+        verdict on them; the figures recorded, each exclusion said. None: not judged
+        (``judged``: "auto" where torch sees none of the workers' accelerators)."""
         cluster = self._cluster
         threads = max(1, int(bundle.get("CPU", 1)))  # the worker's CPU share: as many torch threads
         started = cluster.time()
         envs = list(envs) or pinning_envs(placements, placements, accelerator)
         # Two round trips: every worker imports and pins first, then all are timed together.
-        self._wait(
+        devices = self._wait(
             (), [cluster.call(actor, "probe_ready", env, accelerator.device_type) for actor, env in zip(actors, envs)], "ready to probe"
         )
+        if not judged(self._option, accelerator, devices):
+            self._off = True
+            logger.info("raydist: health check off: torch sees none of the workers' %s devices (each runs on its CPU)", accelerator.name)
+            return None
         results = self._wait((), [cluster.call(actor, "probe", mode, threads) for actor in actors], "probed")
         probed = [Probed(p.index, p.node_id, gflops, error) for p, (gflops, error) in zip(placements, results)]
         verdict = judge(probed, self._threshold, self._median)
@@ -83,7 +89,7 @@ class PreFlight:
         """Round trip: a timed all_reduce on the world's process group whose sum every
         rank checks (a rank that raises fails the start, as a set-up step does); the
         world's figure (its slowest rank's) recorded."""
-        if len(workers) < 2:
+        if len(workers) < 2 or self._off:
             return
         started = self._cluster.time()
         calls = [self._cluster.call(actor, "probe_collective", mode) for actor in actors]

@@ -166,7 +166,9 @@ class GroupBuilder:
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
         self._excluded: Set[str] = set()  # nodes that host no new rank or spare for the rest of the run
         self._excluded_lock = threading.Lock()  # the loop excludes, and so does a spare's check in the background
-        self._health = PreFlight(cluster, config.health_threshold, self.summary, self.timeline, self._await)  # its probes and their figures
+        self._health = PreFlight(
+            cluster, config.health_check, config.health_threshold, self.summary, self.timeline, self._await
+        )  # its probes and their figures
 
     @property
     def excluded(self) -> FrozenSet[str]:
@@ -207,7 +209,10 @@ class GroupBuilder:
         mode = health_mode(config.health_check, holdings.accelerator)
         if mode is None:
             return placements, spares
-        probed, verdict = self._health.probe(holdings.accelerator, holdings.bundle, [actors[p.index] for p in placements], placements, mode)
+        checked = self._health.probe(holdings.accelerator, holdings.bundle, [actors[p.index] for p in placements], placements, mode)
+        if checked is None:
+            return placements, spares
+        probed, verdict = checked
         world = len(placements) - spares
         minimum = config.worker_range[0] if config.worker_range else world
         kept, spares, why = split_healthy(probed, verdict, world, min(minimum, world))
@@ -239,8 +244,9 @@ class GroupBuilder:
         mode = health_mode(self.config.health_check, accelerator)
         if mode is None or not actors:
             return
-        _, verdict = self._health.probe(accelerator, bundle, actors, placements, mode, envs)
-        if verdict.unhealthy:
+        checked = self._health.probe(accelerator, bundle, actors, placements, mode, envs)
+        if checked is not None and checked[1].unhealthy:
+            verdict = checked[1]
             for node in verdict.nodes:
                 self.exclude(node)
             raise UnhealthyWorkers(f"health check: {verdict.text()}")

@@ -33,6 +33,16 @@ def health_mode(option: str, accelerator: "Accelerator") -> Optional[str]:
     return None if option == "off" else option
 
 
+def judged(option: str, accelerator: "Accelerator", devices: Sequence[str]) -> bool:
+    """Whether the probes on ``devices`` (what each worker pinned: "cuda:0", "cpu")
+    are judged. Under "auto", not when no worker's accelerator is visible to
+    torch (every one fell back to its CPU, as on a cluster whose GPUs Ray only
+    counts): that is the CPU case, where "auto" is off. One worker that falls
+    back beside others that do not is judged, and its figure is far below theirs."""
+    fell_back = accelerator.device_type != "cpu" and all(device == "cpu" for device in devices)
+    return not (option == "auto" and fell_back)
+
+
 @dataclass(frozen=True)
 class Probed:
     """What one worker's probes measured: ``gflops`` (None: the probe failed,

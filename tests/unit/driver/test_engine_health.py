@@ -97,6 +97,33 @@ def test_on_cpu_workers_auto_probes_nothing() -> None:
     assert cluster.leftovers() == []
 
 
+GPU_NODES = {f"node-{name}": {"CPU": 1, "GPU": 1} for name in "abcde"}
+
+
+def test_on_gpu_workers_auto_is_the_quick_check() -> None:
+    cluster = FakeCluster(GPU_NODES, speeds=SLOW)
+    with WorkerGroup(config=RunConfig(num_workers=4, spare_workers=1, accelerator="gpu"), cluster=cluster) as group:
+        assert "node-c" not in {w.node_id for w in group.workers}
+        assert "excluded node node-c" in str(group.summary())
+    assert cluster.leftovers() == []
+
+
+@pytest.mark.parametrize("option", ["auto", "quick"])
+def test_gpus_torch_cannot_see_are_judged_only_when_the_check_was_asked_for(option: str) -> None:
+    # Ray only counts the GPUs (as on a test cluster): every worker falls back to its
+    # CPU, where "auto" is off; an explicit "quick" still compares the CPU figures.
+    cluster = FakeCluster(GPU_NODES, speeds=SLOW)
+    cluster.processes.hide_devices()
+    with WorkerGroup(config=RunConfig(num_workers=4, spare_workers=1, accelerator="gpu", health_check=option), cluster=cluster) as group:
+        nodes = {w.node_id for w in group.workers} | {s.node_id for s in group.spares}
+        summary = str(group.summary())
+    if option == "auto":
+        assert "node-c" in nodes and "health check" not in summary
+    else:
+        assert "node-c" not in nodes and "excluded node node-c" in summary
+    assert cluster.leftovers() == []
+
+
 def test_a_spare_started_later_on_a_node_gone_slow_is_dropped_and_its_node_excluded() -> None:
     # Rank 1 dies; the spare takes its place, and the used spare's replacement starts in
     # rank 1's freed bundle on node-b, which has gone slow meanwhile: held to the first

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raydist.core.accelerators import BY_NAME, CPU
-from raydist.pool.rules.health import Probed, Unhealthy, Verdict, health_mode, judge, split_healthy
+from raydist.pool.rules.health import Probed, Unhealthy, Verdict, health_mode, judge, judged, split_healthy
 
 
 def probed(*figures: float, node_of: str = "abcdefgh") -> list:
@@ -46,6 +46,13 @@ def test_the_unit_excluded_is_the_node_and_spares_fill_in() -> None:
 def test_auto_probes_accelerators_and_not_cpus() -> None:
     assert health_mode("auto", CPU) is None and health_mode("auto", BY_NAME["gpu"]) == "quick"
     assert health_mode("off", BY_NAME["gpu"]) is None and health_mode("thorough", CPU) == "thorough"
+
+
+def test_auto_judges_nothing_where_torch_sees_none_of_the_accelerators() -> None:
+    gpu = BY_NAME["gpu"]
+    assert not judged("auto", gpu, ["cpu", "cpu"])  # GPUs only counted: the CPU case
+    assert judged("auto", gpu, ["cuda:0", "cpu"])  # one fell back beside others: far below them, judged
+    assert judged("quick", gpu, ["cpu", "cpu"]) and judged("auto", CPU, ["cpu"])  # asked for / "auto" never probes CPUs anyway
 
 
 def test_a_node_is_compared_with_the_others_never_with_itself() -> None:
