@@ -88,13 +88,9 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 def _wait_committed() -> float:
-    """Until this rank's last save is sent and committed; seconds waited."""
-    from raydist.pool.worker import state_client
-
+    """Until this rank's last save is committed (every rank waits at the same point); seconds waited."""
     started = time.perf_counter()
-    for store in state_client._stores.values():
-        if store._sending is not None:
-            store._sending.join()
+    raydist.wait_committed()
     return time.perf_counter() - started
 
 

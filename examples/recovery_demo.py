@@ -8,8 +8,8 @@ saving its state every step with ``raydist.save_state`` (a copy in another
 process's memory, no disk). At step ``--crash-at`` rank 1's process is
 killed. raydist keeps the surviving processes, puts the spare in the dead
 rank's place, and the function starts again: ``load_state`` gives it the
-last committed step from memory, so at most one step is redone and the loss
-goes on from where it was. The demo then prints the recovery (which rank
+last committed step from memory, so only the step cut short is redone and
+the loss goes on from where it was. The demo then prints the recovery (which rank
 died, how long until the next step, the step reached), the loss curve, the
 run's summary, and where it wrote the run's timeline (JSON for Perfetto or
 chrome://tracing, and a PNG drawn with matplotlib).
@@ -45,8 +45,13 @@ def train(steps: int, crash_at: int) -> Dict[str, Any]:
     first_step_done: Optional[float] = None
     target = torch.arange(32, dtype=torch.float32) / 32
     for step in range(0 if resumed is None else resumed + 1, steps):
-        if attempt == 0 and step == crash_at and info.rank == 1:
-            os._exit(1)  # a crash: the process and its memory are gone
+        if attempt == 0 and step == crash_at:
+            # A save never waits for the one before to be committed, and these steps take
+            # milliseconds, less than a commit: the crash comes once the step before is
+            # committed, as it is in a loop whose steps outlast a commit.
+            raydist.wait_committed()
+            if info.rank == 1:
+                os._exit(1)  # a crash: the process and its memory are gone
         generator = torch.Generator().manual_seed(step * 1000 + info.rank)  # the data position is the step
         x = torch.randn(64, 32, generator=generator)
         loss = torch.nn.functional.mse_loss(ddp(x), (x @ target).unsqueeze(1))
@@ -101,7 +106,7 @@ def main() -> int:
             print(f"  step {step:3d}  loss {loss:.4f}{mark}")
     # The demo checks itself: `make demo` fails if the run did not recover as shown.
     resumed = rank0["resumed"]
-    if rank0["attempt"] != 1 or len(spare) != 1 or resumed is None or resumed < options.crash_at - 2 or losses[resumed + 1] > losses[0] / 2:
+    if rank0["attempt"] != 1 or len(spare) != 1 or resumed != options.crash_at - 1 or losses[resumed + 1] > losses[0] / 2:
         print("the run did not recover as it should have", file=sys.stderr)
         return 1
     print(f"\n== the run's summary\n{results.summary.table()}")

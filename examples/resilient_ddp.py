@@ -6,7 +6,8 @@ step with ``raydist.save_state``, loaded after a restart with ``load_state``.
     RAYDIST_STATE_DIR=/tmp/state torchrun --nproc-per-node 4 --max-restarts 1 examples/resilient_ddp.py --crash-at 30
 
 On the first attempt rank 1 is killed at step ``--crash-at``; the next attempt
-resumes from the last committed step (at most one step redone) and prints it.
+resumes from the last committed step and prints it (the steps after it are
+redone: the step cut short, when steps take longer than a commit).
 Under raydist the copies live in other processes' memory (on two nodes when
 there are two); under plain torchrun in ``RAYDIST_STATE_DIR``.
 """
@@ -38,8 +39,10 @@ def train(steps: int, crash_at: Optional[int]) -> Dict[str, float]:
         print(f"attempt {attempt}: " + ("starting at step 0" if resumed is None else f"resumed after step {resumed}"), flush=True)
     loss = torch.zeros(())
     for step in range(0 if resumed is None else resumed + 1, steps):
-        if attempt == 0 and step == crash_at and rank == 1:
-            os._exit(1)  # a crash: the process is gone, and its memory with it
+        if attempt == 0 and step == crash_at:
+            raydist.wait_committed()  # these steps are quicker than a commit: the crash comes after one
+            if rank == 1:
+                os._exit(1)  # a crash: the process is gone, and its memory with it
         generator = torch.Generator().manual_seed(step * 1000 + rank)  # the data position is the step
         x, y = torch.randn(64, 32, generator=generator), torch.randn(64, 1, generator=generator)
         optimizer.zero_grad()

@@ -34,6 +34,7 @@ _EXPORTS = {
     "preemption_requested": "raydist.core.preemption",
     "save_state": "raydist.core.state",
     "load_state": "raydist.core.state",
+    "wait_committed": "raydist.core.state",
     "StateSizeError": "raydist.core.state",
     # The pool: Ray.
     "run": "raydist.api",
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
     from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
     from raydist.core.preemption import preemption_requested
-    from raydist.core.state import StateSizeError, load_state, save_state
+    from raydist.core.state import StateSizeError, load_state, save_state, wait_committed
     from raydist.errors import (
         InfeasibleResourcesError,
         RaydistError,

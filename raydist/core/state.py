@@ -31,7 +31,7 @@ STATE_DIR_VAR = "RAYDIST_STATE_DIR"
 STATE_KEEP_VAR = "RAYDIST_STATE_KEEP"
 DEFAULT_KEEP = 2
 
-__all__ = ["Snapshot", "StateSizeError", "StateStore", "load_state", "save_state", "set_store"]
+__all__ = ["Snapshot", "StateSizeError", "StateStore", "load_state", "save_state", "set_store", "wait_committed"]
 
 
 class StateSizeError(ValueError):
@@ -73,6 +73,11 @@ class StateStore:
 
     def wait_copied(self) -> None:
         """Return once the last snapshot's guarded tensors are copied (an optimizer step may change them then)."""
+
+    def wait_committed(self, timeout: Optional[float]) -> Optional[int]:
+        """The newest committed step, once the newest step this rank saved is committed
+        (at most ``timeout`` seconds; None: no limit; 0: at once)."""
+        return None
 
 
 _store: Optional[StateStore] = None
@@ -128,6 +133,22 @@ def save_state(step: int, *, shared: Iterable[str] = (), **objects: Any) -> None
     store.save(snapshot)  # copies what it keeps: the store knows where the copy is best made
     if _observe is not None:
         _observe("save_state", step, started, time.time())
+
+
+def wait_committed(timeout: Optional[float] = None) -> Optional[int]:
+    """The newest committed step, once the newest step this rank saved is
+    committed; None when none is, or without a store.
+
+    ``save_state`` never waits for a commit: call this where the committed step
+    matters (before a planned exit). A step saved while another was on its way
+    out is not sent unless every rank asks for it again here, so call it on every
+    rank at the same point of the loop, as a collective. ``timeout`` (seconds)
+    bounds the wait; 0 does not wait: the step committed as of now.
+    """
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"wait_committed: timeout must be >= 0 or None, got {timeout!r}")
+    store = _active()
+    return None if store is None else store.wait_committed(timeout)
 
 
 def load_state(**objects: Any) -> Optional[int]:
@@ -329,6 +350,12 @@ class DirStore(StateStore):
             committed = state_files.commit_if_complete(self.root, meta)
         if committed:
             state_files.prune(self.root, self.keep)
+
+    def wait_committed(self, timeout: Optional[float]) -> Optional[int]:
+        if self._writing is not None:
+            self._writing.join(timeout)
+        meta = state_files.newest(self.root)
+        return None if meta is None else meta.step
 
     def load(self, rank: int, world_size: int) -> Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]:
         if self._writing is not None:

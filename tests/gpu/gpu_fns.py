@@ -73,7 +73,7 @@ def ddp_step() -> Dict[str, Any]:
 
 def train(steps: int, crash_at: Optional[int] = None, crash_rank: int = 1) -> Dict[str, Any]:
     """``steps`` deterministic DDP steps of a CUDA model and Adam, saving every
-    step; on attempt 0 rank ``crash_rank`` dies at the start of step ``crash_at``."""
+    step; on attempt 0, once step ``crash_at - 1`` is committed, rank ``crash_rank`` dies at the start of step ``crash_at``."""
     torch.use_deterministic_algorithms(True)
     info = raydist.get_context()
     rank = dist.get_rank()  # the process group's: a kept process may hold another rank after a restart
@@ -83,8 +83,10 @@ def train(steps: int, crash_at: Optional[int] = None, crash_rank: int = 1) -> Di
     resumed = raydist.load_state(model=model, optimizer=optimizer)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device_index])
     for step in range(0 if resumed is None else resumed + 1, steps):
-        if attempt == 0 and step == crash_at and rank == crash_rank:
-            os._exit(3)
+        if attempt == 0 and step == crash_at:
+            raydist.wait_committed()  # a save never waits for a commit: the resumed step is then known
+            if rank == crash_rank:
+                os._exit(3)
         optimizer.zero_grad()
         ddp(_batch(step, info.rank, info.device)).square().mean().backward()
         optimizer.step()

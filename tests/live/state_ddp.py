@@ -35,8 +35,8 @@ def train(
     marks: str = "",
     shared: bool = False,
 ) -> Dict[str, Any]:
-    """``steps`` steps of DDP (torch's DistributedDataParallel, gloo); on attempt 0, rank ``crash_rank`` dies at the
-    start of step ``crash_at`` (or, with ``marks``, every rank marks the step
+    """``steps`` steps of DDP (torch's DistributedDataParallel, gloo); on attempt 0, once step
+    ``crash_at - 1`` is committed, rank ``crash_rank`` dies at the start of step ``crash_at`` (or, with ``marks``, every rank marks the step
     there, with its node, and those on ``lose_node`` block until that node is
     removed; the others go on into the collective)."""
     if not dist.is_initialized():
@@ -56,6 +56,9 @@ def train(
     ddp = torch.nn.parallel.DistributedDataParallel(model, **PER_PARAMETER_BUCKETS)
     for step in range(0 if resumed is None else resumed + 1, steps):
         if attempt == 0 and step == crash_at:
+            # A save never waits for a commit: the fault comes once the step before is committed, so
+            # that the resumed step is known (on every rank: each one's copies are part of the commit).
+            raydist.wait_committed()
             if marks:
                 import ray
 

@@ -49,9 +49,8 @@ def assert_resumed(results: List[Dict[str, Any]], reference: List[Dict[str, Any]
     """Every rank ran attempt 1, resumed from a step committed before the fault, and
     ended with the weights of the run without a failure."""
     assert [r["attempt"] for r in results] == [1] * 4
-    # The crash comes at the start of step 5: step 3 was committed (step 4's save waited for it); 4 may be.
-    assert {r["resumed"] for r in results} <= {CRASH_AT - 2, CRASH_AT - 1}
-    assert len({r["resumed"] for r in results}) == 1
+    # The crash comes at the start of step 5, once step 4 is committed (``raydist.wait_committed``).
+    assert [r["resumed"] for r in results] == [CRASH_AT - 1] * 4
     for mine, theirs in zip(results, reference):
         assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
 
@@ -153,7 +152,7 @@ def test_a_raydist_run_script_resumes_bit_identical(reference: List[Dict[str, An
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0 = torch.load(out, weights_only=False)
-    assert rank0["attempt"] == 1 and rank0["resumed"] in (CRASH_AT - 2, CRASH_AT - 1), result.stderr[-3000:]
+    assert rank0["attempt"] == 1 and rank0["resumed"] == CRASH_AT - 1, result.stderr[-3000:]
     assert torch.equal(rank0["weights"], reference[0]["weights"])
     if mode == "warm":  # the survivors left the script's own process group at once: none waited out survivor_timeout
         assert "3 rank(s) kept their process" in result.stderr, result.stderr[-3000:]
@@ -243,7 +242,7 @@ def save_big(saves: int, megabytes: int) -> Dict[str, int]:
     for step in range(saves):
         tensor += 1
         raydist.save_state(step, weights={"t": tensor})
-        if rank == 0 and step > 0:  # step - 1 is committed now (this save waited for it)
+        if rank == 0 and step > 0:
             holders = ray.get(keeper.holders.remote())
             most = max(most, sum(ray.get([h.held_bytes.remote() for _, h in holders])))
     return {"most": most}
@@ -254,7 +253,7 @@ def test_fifty_saves_of_100_mb_stay_bounded_and_leave_nothing(ray_local: None) -
     before = store_bytes()  # the shared Ray may hold other tests' objects
     results = raydist.run(save_big, args=(50, 100), num_workers=2)
     state = 100 * 2**20
-    # Two places, at most two steps (the committed one and the one being written).
+    # Two places, at most two steps (the committed one and the one being sent: every rank sends the same steps).
     assert 0 < results[0]["most"] <= 2 * 2 * state * 1.01
     assert_nothing_left(within=30)  # the keeper and its holders too
     wait_for(lambda: store_bytes() <= before, 30, "the object store to hold no more than before the run")
@@ -285,6 +284,7 @@ def changed_while_copied(megabytes: int) -> Dict[str, Any]:
         if step == 1 and rank == 1:
             with torch.no_grad():
                 model.weight.add_(1.0)  # not the optimizer's step: nothing waits for the copy
+    assert raydist.wait_committed() == 3  # the last step saved (step 1 was dropped on every rank)
     resumed = raydist.load_state(model=model, optimizer=optimizer)  # the newest committed step, from this rank's memory
     return {"resumed": resumed, "same": resumed is not None and digest(model, optimizer) == saved[resumed]}
 
@@ -297,9 +297,42 @@ def test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_
     results = raydist.run(changed_while_copied, args=(48,), num_workers=2)
     err = capfd.readouterr().err
     assert [r["same"] for r in results] == [True, True], results
-    assert {r["resumed"] for r in results} <= {2, 3}, results
+    assert [r["resumed"] for r in results] == [3, 3], results
     assert "rank 1 could not keep step 1: 1 of its optimizer's tensors changed in place" in err, err[-3000:]
     assert "could not keep step 0" not in err and "could not keep step 2" not in err, err[-3000:]
+
+
+def saves_ahead_of_a_peer(steps: int) -> Dict[str, Any]:
+    """Rank 0 saves every step before rank 1 saves any (a barrier between): no commit
+    is possible meanwhile, as none is while a peer's copies are on their way."""
+    rank = int(os.environ["RANK"])
+    weights = torch.zeros(1000)
+    if rank == 1:
+        torch.distributed.barrier()
+    ahead = None
+    for step in range(steps):
+        weights += 1
+        raydist.save_state(step, weights={"t": weights})
+    if rank == 0:
+        ahead = raydist.wait_committed(timeout=0)  # nothing can be committed yet: this does not wait
+        torch.distributed.barrier()
+    return {
+        "ahead": ahead,
+        "committed": raydist.wait_committed(),
+        "resumed": raydist.load_state(weights={"t": weights}),
+        "t": weights[0].item(),
+    }
+
+
+def test_a_save_never_waits_for_the_step_before_and_the_newest_step_is_committed(ray_local: None) -> None:
+    # Rank 0's saves all return while its first step waits for rank 1's copy; the steps saved
+    # meanwhile are not sent (by either rank), and the newest, which every rank asks for again
+    # (wait_committed), is the one committed in the end.
+    results = raydist.run(saves_ahead_of_a_peer, args=(10,), num_workers=2)
+    assert results[0]["ahead"] is None
+    assert [r["committed"] for r in results] == [9, 9] and [r["resumed"] for r in results] == [9, 9]
+    assert [r["t"] for r in results] == [10.0, 10.0]
+    assert_nothing_left(within=30)
 
 
 def saves_then_rank_one_dies(steps: int) -> int:

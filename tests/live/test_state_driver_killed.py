@@ -36,10 +36,11 @@ DRIVER = textwrap.dedent(
 
     def train(marks):
         tensor, step = torch.zeros(1000), 0
-        while True:  # until the driver is killed; each save waits for the previous commit
+        while True:  # until the driver is killed
             tensor += 1
             raydist.save_state(step, weights={"t": tensor})
-            if step == 3:  # steps 0-2 committed: the keeper and its holders exist
+            if step == 3:  # step 3 committed (every rank waits for it): the keeper and its holders exist
+                assert raydist.wait_committed() == 3
                 Path(marks, f"rank-{os.environ['RANK']}").write_text(str(os.getpid()))
             step += 1
 
@@ -79,7 +80,7 @@ def test_a_killed_driver_leaves_no_keeper_or_holder(ray_local: None, tmp_path: P
         remove_stale(folder, stale_after=0)
     assert_nothing_left()
     newest = state_files.newest(str(state_dir))
-    assert newest is not None and newest.step >= 2  # the last committed step was written first
+    assert newest is not None and newest.step >= 3  # the last committed step was written first
     # The run's timeline up to the kill: an unfinished array, whole once closed.
     text = timeline.read_text()
     with pytest.raises(json.JSONDecodeError):

@@ -73,6 +73,10 @@ class CommitLog:
             del self._pending[step]
         return True, aborted
 
+    def was_dropped(self, step: int) -> bool:
+        """Whether a rank of the current world could not keep ``step``."""
+        return step in self._dropped
+
     def drop(self, world: int, step: int) -> List[int]:
         """A rank of ``world`` cannot keep ``step``: it will never be committed. The steps aborted."""
         current, aborted = self.enter(world)
@@ -92,6 +96,50 @@ class CommitLog:
         if self.committed is not None:
             steps.add(self.committed.meta.step)
         return steps
+
+
+class SendPlan:
+    """Which steps the ranks send: every rank the same ones, none waiting for another.
+
+    A rank that saves a step while one of its own is still on its way out
+    cannot send it at once. The first rank to ask about a step decides for
+    all: it is sent when that rank had nothing on its way out. A newer step
+    thus goes out as soon as the last one is committed or given up, and no
+    rank sends a step another let go. A step not sent may be asked for again
+    (``ask_again``: the newest step of a loop that stops saving, at a call's
+    end): sent once every rank of the world has asked for it.
+    """
+
+    def __init__(self) -> None:
+        self._sent: Dict[Tuple[int, int], bool] = {}  # (world, step) -> whether its ranks send it
+        self._asking: Dict[Tuple[int, int], Set[int]] = {}  # (world, step) -> the ranks that asked again
+
+    def want(self, world: int, step: int, free: bool) -> bool:
+        return self._sent.setdefault((world, step), free)
+
+    def ask_again(self, world: int, rank: int, step: int, world_size: int) -> Optional[bool]:
+        """True: sent (every rank asked, or it was already); None: not yet."""
+        if self._sent.get((world, step)):
+            return True
+        asking = self._asking.setdefault((world, step), set())
+        asking.add(rank)
+        if len(asking) < world_size:
+            return None
+        self._sent[(world, step)] = True
+        del self._asking[(world, step)]
+        return True
+
+    def settled(self, world: int, step: int) -> None:
+        """``step`` of ``world`` is committed: nothing older is sent, nor any earlier world's."""
+        for key in [key for key in [*self._sent, *self._asking] if key[0] < world or key[1] <= step]:
+            self._sent.pop(key, None)
+            self._asking.pop(key, None)
+
+    def ended(self, world: int) -> None:
+        """Every world before ``world`` is over."""
+        for key in [key for key in [*self._sent, *self._asking] if key[0] < world]:
+            self._sent.pop(key, None)
+            self._asking.pop(key, None)
 
 
 def store_room_warning(own: int, shared: int, local_ranks: int, multi_node: bool, capacity: float) -> Optional[str]:

@@ -9,14 +9,23 @@ put in the background and the optimizer's next ``step()`` waits for that
 (``pack_later``: one changed in place meanwhile drops the step, and the
 keeper is told, so that no rank waits on its commit). State on a device:
 the loop waits for its copy to host memory, reused from save to save; the
-put follows in the background. The
-rank keeps the objects of two steps, the committed one and the one being
-sent (a survivor of a warm restart loads from them). In the background two
+put follows in the background. In the background two
 holders keep each part, outside the rank: the one on its node keeps that
 very memory (no copy), one on another node (a second process on a one-node
 cluster) a copy Ray moves there. The rank then acknowledges the step to the
-primary keeper; the next ``save_state`` waits until that step is
-committed, so no place keeps more than two steps.
+primary keeper, which commits it once every rank has.
+
+A ``save_state`` never waits for the step before it. Which steps are sent
+is the keeper's word (``StateKeeper.want``, ``rules.commits.SendPlan``),
+asked at each save and read by the sender: the first rank to ask about a
+step decides for all, and the step is sent when that rank had nothing on
+its way out. Every rank sends the same steps (none waits on a commit that
+cannot come), a new step goes out as soon as the last is committed, and a
+step not sent costs its copy only until the keeper's answer. The newest
+step, if not sent, is kept until a newer save: at a call's end (``flush``)
+or in ``wait_committed`` every rank asks for it again, and it is sent once
+all have. The rank keeps the objects of the committed step (a survivor of
+a warm restart loads from it), the one being sent and at most one more.
 
 A rank that joins a restarted attempt starts loading the committed step as
 it is set up (``install``), in the background: its part comes from its own
@@ -27,13 +36,14 @@ its devices) needs another rank's part, which only a holder has.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -81,6 +91,7 @@ class _Sending:
     step: int
     meta_json: str
     world: int
+    world_size: int
     refs: Dict[str, Any] = field(default_factory=dict)
     staged: Dict[str, Any] = field(default_factory=dict)
     copies: Dict[str, int] = field(default_factory=dict)
@@ -88,6 +99,10 @@ class _Sending:
     copied: threading.Event = field(default_factory=threading.Event)  # the optimizer's live tensors are read
     checked: threading.Event = field(default_factory=threading.Event)  # and their versions compared, by the loop's thread
     changed: int = 0  # how many of them had changed
+    stager: Optional[threading.Thread] = None  # a queued step's background puts, begun at its save
+    stage_error: Optional[BaseException] = None
+    put: bool = False  # the staged parts are in the object store (or failed to be: ``stage_error``)
+    answer: Any = None  # the keeper's word: whether the ranks send this step (``StateKeeper.want``)
 
 
 class RayStateStore(StateStore):
@@ -99,11 +114,17 @@ class RayStateStore(StateStore):
         self._own: Dict[int, Dict[str, Any]] = {}  # step -> part key -> this rank's object (a survivor loads it)
         self._lock = threading.Lock()
         self._sending: Optional[threading.Thread] = None
-        self._sending_world = -1
+        self._busy_world: Optional[int] = None  # the attempt whose steps the sender is sending (None: idle)
+        self._queue: Deque[_Sending] = collections.deque()  # steps saved and not yet sent or let go, oldest first
+        self._newest: Optional[_Sending] = None  # the newest step saved
+        self._unsent: Optional[_Sending] = None  # the newest step saved, when the keeper had it not sent
         self._staging: Dict[str, Any] = {}  # part key -> the host copy of a part with device tensors, reused
         self._room_checked = False  # whether the object store's room was checked (at the first save)
-        self._sent = threading.Event()
+        self._sent = threading.Event()  # the steps saved are acknowledged to the keeper (a call may end)
         self._sent.set()
+        self._idle = threading.Event()  # and committed or given up (``wait_committed``)
+        self._idle.set()
+        self._committed: Optional[int] = None  # the newest step known committed (loaded, or sent)
         self._latest: Optional[_Sending] = None  # the step whose copy an optimizer step waits for
         self._defer = True  # off once a guarded tensor was changed while being copied
         self._ahead: Optional[_LoadAhead] = None
@@ -111,48 +132,109 @@ class RayStateStore(StateStore):
     # -- save -------------------------------------------------------------------
 
     def save(self, snapshot: Snapshot) -> None:
+        """Copy the step (the loop waits for that only) and send it in the background.
+        A save never waits for the step before it. Whether a step is sent is the
+        keeper's word (``StateKeeper.want``): the first rank to ask decides for all,
+        and it is sent when that rank had nothing on its way out, so every rank
+        sends the same steps and a new one goes out as soon as the last is committed."""
         self.wait_copied()  # the previous step's copy is checked: its sender goes on to commit it
         self._drop_ahead()  # saved before loading: the step it read may be superseded
         world = _world()
-        if self._sending is not None and self._sending_world == world:
-            self._sending.join()  # the previous step is committed (or aborted): two steps at most
-        elif self._sending is not None and self._sending.is_alive():
+        with self._lock:
+            free = self._busy_world != world  # nothing of this attempt on its way out
+        if free and self._sending is not None and self._sending.is_alive():
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
-        sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world)
+        sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world, snapshot.world_size)
         try:
-            self._copy(snapshot, sending)
+            self._copy(snapshot, sending, fresh=not free)
         except BaseException:
             self._drop(sending)  # (the object store is full, ...): no rank waits on this step's commit
             raise
         if not self._room_checked and snapshot.local_rank == 0:  # once per node, in the background (a GCS read)
             self._room_checked, sending.room = True, snapshot
-        with self._lock:  # the newest kept step (committed) and this one
-            for step in sorted(self._own)[:-1]:
-                del self._own[step]
-            self._own[snapshot.step] = sending.refs
-        self._sent.clear()
         if not any(isinstance(part, Deferred) for part in sending.staged.values()):
             sending.copied.set()
             sending.checked.set()
-        self._sending_world = world
-        self._sending = threading.Thread(target=self._send, args=(sending,), daemon=True, name="raydist-state-send")
-        self._sending.start()
+        sending.answer = self._keeper_handle(create=True).want.remote(world, snapshot.step, free)  # read by the sender
+        if not free and sending.staged:  # its puts begin now: the optimizer's next step waits for them, not for the sender
+            sending.stager = threading.Thread(target=self._stage_apart, args=(sending,), daemon=True, name="raydist-state-stage")
+            sending.stager.start()
         self._latest = sending
+        with self._lock:
+            start = self._busy_world != world  # (the sender may have finished meanwhile)
+            if start:
+                self._busy_world = world
+                self._queue.clear()  # a dead attempt's steps are not sent
+            if self._unsent is not None:  # a newer step than the one not sent: that one is let go
+                self._forget(self._unsent)
+                self._unsent = None
+            self._settle_unwanted()
+            self._queue.append(sending)
+            self._newest = sending
+            self._own[snapshot.step] = sending.refs
+            self._sent.clear()
+            self._idle.clear()
+        if start:
+            self._start_sender(world)
 
-    def _copy(self, snapshot: Snapshot, sending: "_Sending") -> None:
+    def _start_sender(self, world: int) -> None:
+        self._sending = threading.Thread(target=self._send_all, args=(world,), daemon=True, name="raydist-state-send")
+        self._sending.start()
+
+    def _settle_unwanted(self) -> None:
+        """Under the lock: let go of the queued steps the keeper has said are not sent (their memory)."""
+        answered = [s for s in self._queue if ray.wait([s.answer], timeout=0)[0]]
+        for sending in [s for s in answered if not ray.get(s.answer)]:
+            self._queue.remove(sending)
+            self._forget(sending)
+
+    def _forget(self, sending: "_Sending") -> None:
+        """Under the lock: this rank keeps nothing of a step that is not sent."""
+        if self._own.get(sending.step) is sending.refs:
+            del self._own[sending.step]
+
+    def _copy(self, snapshot: Snapshot, sending: "_Sending", fresh: bool) -> None:
+        """The step's parts: in the object store, or staged for a put in the background.
+        ``fresh``: a step is being sent, which may still read the reused host memory."""
         for key, states, count in _parts(snapshot):
             sending.copies[key] = count
-            if on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
+            if on_device(states) and fresh:
+                sending.staged[key] = host_copy(states, None)
+            elif on_device(states):  # the loop waits for the device-to-host copy only, into memory reused
                 sending.staged[key] = self._staging[key] = host_copy(states, self._staging.get(key))
             elif self._defer and (later := pack_later(states, snapshot.guarded)) is not None:
                 sending.staged[key] = later  # the optimizer's tensors: put in the background, its next step waits
             else:  # the one copy: the live tensors' bytes straight into the object store (out of band)
                 sending.refs[key] = ray.put(pack(states))
 
+    def wait_committed(self, timeout: Optional[float]) -> Optional[int]:
+        if timeout != 0:
+            self._settle(timeout)
+        return self._committed
+
     def flush(self) -> None:
-        self.wait_copied()
         self._drop_ahead()  # a call that never loaded: its copy is not kept
-        self._sent.wait(FLUSH_TIMEOUT)
+        self._settle(FLUSH_TIMEOUT)
+
+    def _settle(self, timeout: Optional[float]) -> None:
+        """Wait until every step saved is committed or given up; where the newest one
+        was not sent, ask for it once more (``StateKeeper.final``: sent once every
+        rank has asked, as each does at the same point of its loop) and wait for it."""
+        self.wait_copied()  # the sender acknowledges a step once the loop checked the optimizer's copy
+        if not self._idle.wait(timeout):
+            return
+        world = _world()
+        with self._lock:
+            last, self._unsent = self._unsent, None
+            if last is None or last.world != world or self._busy_world is not None:
+                return
+            last.answer = self._keeper_handle(create=True).final.remote(world, last.rank, last.step, last.world_size)
+            self._queue.append(last)
+            self._busy_world = world
+            self._sent.clear()
+            self._idle.clear()
+        self._start_sender(world)
+        self._idle.wait(timeout)
 
     def wait_copied(self) -> None:
         """On the loop's thread: once the copy of the optimizer's tensors is made, whether
@@ -164,20 +246,74 @@ class RayStateStore(StateStore):
         latest.copied.wait()
         latest.changed = sum(part.changed() for part in latest.staged.values() if isinstance(part, Deferred))
         latest.staged = {}  # the live tensors are not read any more
+        if latest.changed and latest.world == _world():  # (not a dead attempt's step)
+            self._defer = False  # the step is not kept (its sender drops it, if it is sent); later saves copy before returning
+            print(
+                f"raydist: rank {latest.rank} could not keep step {latest.step}: {ChangedWhileCopied(latest.changed)}",
+                file=sys.stderr,
+                flush=True,
+            )
         latest.checked.set()
+
+    def _stage(self, sending: "_Sending") -> None:
+        """The staged parts into the object store: the optimizer's tensors first (its next step waits for them)."""
+        parts = dict(sending.staged)
+        try:
+            staged = {key: ray.put(part.packed) for key, part in parts.items() if isinstance(part, Deferred)}
+        finally:
+            sending.copied.set()
+        staged.update({key: ray.put(pack(part)) for key, part in parts.items() if key not in staged})
+        del parts
+        with self._lock:
+            sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
+
+    def _stage_apart(self, sending: "_Sending") -> None:
+        try:
+            self._stage(sending)
+        except BaseException as error:  # noqa: BLE001 - raised by its sender, which drops the step
+            sending.stage_error = error
+        finally:
+            sending.put = True
+
+    def _send_all(self, world: int) -> None:
+        """The sender of attempt ``world``: the steps saved, oldest first, each sent
+        if the keeper says so; it ends when none is left (or a newer attempt's took over)."""
+        while True:
+            with self._lock:
+                if self._busy_world != world:
+                    return
+                if not self._queue:
+                    self._busy_world = None
+                    self._sent.set()
+                    self._idle.set()
+                    return
+                sending = self._queue.popleft()
+            if self._wanted(sending):
+                self._send(sending)
+                continue
+            with self._lock:  # not sent: kept while it is the newest step saved (a flush may ask for it)
+                if self._newest is sending and self._busy_world == world:
+                    self._unsent = sending
+                else:
+                    self._forget(sending)
+
+    def _wanted(self, sending: "_Sending") -> bool:
+        """Whether the keeper has this step sent; its staged parts put first (the optimizer waits for them)."""
+        if sending.stager is not None:
+            sending.stager.join()
+        elif not sending.put:
+            self._stage_apart(sending)
+        try:
+            return bool(ray.get(sending.answer))
+        except Exception as error:  # noqa: BLE001 - sent anyway: the send fails and drops the step, saying why
+            sending.stage_error = sending.stage_error or error
+            return True
 
     def _send(self, sending: "_Sending") -> None:
         rank, step, started = sending.rank, sending.step, time.time()
         try:
-            parts = dict(sending.staged)
-            try:  # the optimizer's tensors first: its next step waits for them
-                staged = {key: ray.put(part.packed) for key, part in parts.items() if isinstance(part, Deferred)}
-            finally:
-                sending.copied.set()
-            staged.update({key: ray.put(pack(part)) for key, part in parts.items() if key not in staged})
-            del parts
-            with self._lock:
-                sending.refs.update(staged)  # this step's own objects: the staging memory is the next step's
+            if sending.stage_error is not None:  # (staged before the keeper was asked: ``_wanted``)
+                raise sending.stage_error
             if sending.room is not None:
                 _check_room(sending.room, {key: tensor_bytes(states) for key, states, _ in _parts(sending.room)})
             keeper = self._keeper_handle(create=True)
@@ -185,17 +321,17 @@ class RayStateStore(StateStore):
             locations = {key: _hand_over(holders, self._dead, step, key, ref, sending.copies[key]) for key, ref in sending.refs.items()}
             sending.checked.wait()  # by the loop's thread: its next optimizer step, save_state, load_state or the call's end
             if sending.changed:
-                raise ChangedWhileCopied(
-                    f"{sending.changed} of its optimizer's tensors changed in place while save_state copied them in the "
-                    "background (outside optimizer.step(), which waits for the copy). save_state copies before returning from now on"
-                )
+                raise ChangedWhileCopied(sending.changed)
             waiting = keeper.ack.remote(sending.world, rank, sending.meta_json, locations)
             ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
-            self._sent.set()
+            with self._lock:
+                if not self._queue:  # a call may end: what it saved is acknowledged
+                    self._sent.set()
             committed = ray.get(waiting)
             now = time.time()
             SPANS.add(f"step {step} copied", "state", started, now, step=step, committed=committed)
             if committed:
+                self._committed = max(step, self._committed if self._committed is not None else step)
                 SPANS.add(f"step {step} committed", "state", now, now, step=step)  # a moment
                 FIGURES_HERE.record("raydist_committed_step", step, {"rank": str(rank)})
             with self._lock:  # the committed step is the oldest worth keeping; one never committed is not kept
@@ -204,12 +340,9 @@ class RayStateStore(StateStore):
                 if not committed and self._own.get(step) is sending.refs:
                     del self._own[step]
         except Exception as error:  # noqa: BLE001 - the step is dropped; training goes on
-            if isinstance(error, ChangedWhileCopied) and sending.world == _world():  # (not a dead attempt's step)
-                self._defer = False
-            print(f"raydist: rank {rank} could not keep step {step}: {error}", file=sys.stderr, flush=True)
+            if not isinstance(error, ChangedWhileCopied):  # (said when it was seen)
+                print(f"raydist: rank {rank} could not keep step {step}: {error}", file=sys.stderr, flush=True)
             self._drop(sending)
-        finally:
-            self._sent.set()
 
     def _drop(self, sending: "_Sending") -> None:
         """Tell the keeper this rank cannot keep the step: the ranks waiting on its commit go on."""
@@ -257,6 +390,7 @@ class RayStateStore(StateStore):
             return None
         meta, locations = SnapshotMeta.from_json(found[0]), found[1]
         check_world(meta, world_size)
+        self._committed = meta.step
         with self._lock:
             mine = dict(self._own.get(meta.step, {}))
         shared = _read_part(keeper, self._holder_list, meta.step, SHARED, mine, locations.get(SHARED, [])) if meta.shared else {}
@@ -365,6 +499,12 @@ class _LoadAhead:
 
 class ChangedWhileCopied(RuntimeError):
     """A tensor copied in the background was changed in place before the copy was made."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(
+            f"{count} of its optimizer's tensors changed in place while save_state copied them in the "
+            "background (outside optimizer.step(), which waits for the copy). save_state copies before returning from now on"
+        )
 
 
 def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydist.core import state_files
 from raydist.core.state_files import SnapshotMeta
-from raydist.pool.rules.commits import CommitLog, Locations
+from raydist.pool.rules.commits import CommitLog, Locations, SendPlan
 from raydist.pool.worker.state_owner import watch_driver
 from raydist.pool.worker.state_parts import Packed, nbytes, packed_to_bytes
 
@@ -36,6 +36,8 @@ class StateKeeper:
         self._state_dir, self._keep = state_dir, keep
         self._log = CommitLog()
         self._waiters: Dict[Tuple[int, int], asyncio.Future] = {}
+        self._plan = SendPlan()  # which steps the ranks send
+        self._finals: Dict[Tuple[int, int], asyncio.Future] = {}  # (attempt, step) asked for again -> its answer
         self._holders: List[Tuple[str, Any]] = []
         self._durable_done: Optional[int] = None
         self._writer: Optional["asyncio.Task[None]"] = None
@@ -69,6 +71,34 @@ class StateKeeper:
     async def holders(self) -> List[Tuple[str, Any]]:
         return self._holders
 
+    async def want(self, world: int, step: int, free: bool) -> bool:
+        """Whether the ranks of attempt ``world`` send ``step``. The first rank to ask
+        decides for all: it is sent when that rank had nothing on its way out
+        (``free``). So every rank sends the same steps, none waits for another's, and
+        a new step goes out as soon as the last one is committed or given up."""
+        if not self._current(world, step):
+            return False
+        return self._plan.want(world, step, free)
+
+    async def final(self, world: int, rank: int, step: int, world_size: int) -> bool:
+        """Rank ``rank``'s newest step was not sent and it asks for it again (its call
+        ends, or it waits for the commit): sent once every rank has asked (each does
+        at the same point of its loop); False if the attempt ends first."""
+        if not self._current(world, step):
+            return False
+        waiter = self._finals.setdefault((world, step), asyncio.get_running_loop().create_future())
+        if self._plan.ask_again(world, rank, step, world_size) and not waiter.done():
+            waiter.set_result(True)
+            del self._finals[(world, step)]
+        return bool(await waiter)
+
+    def _current(self, world: int, step: int) -> bool:
+        """A word from attempt ``world`` about ``step``: whether the step may still be committed."""
+        current, aborted = self._log.enter(world)
+        self._abort(aborted)
+        done = self._log.committed
+        return current and not (done is not None and done.world == world and step <= done.meta.step)
+
     async def ack(self, world: int, rank: int, meta_json: str, locations: Locations) -> bool:
         """Rank ``rank`` of attempt ``world`` holds its copies; returns once the step is committed (True) or aborted."""
         if world < self._log.world:  # a rank of a dead attempt
@@ -79,6 +109,8 @@ class StateKeeper:
         self._abort(aborted)
         if committed:
             await self._committed(meta.step)
+        elif self._log.world == world and self._log.was_dropped(meta.step):  # dropped before these copies came: let them go
+            await self._forget_everywhere(meta.step)
         return bool(await waiter)
 
     async def committed(self, world: int) -> Optional[Tuple[str, Locations]]:
@@ -100,13 +132,16 @@ class StateKeeper:
 
     async def drop(self, world: int, step: int) -> None:
         """A rank of attempt ``world`` cannot keep ``step``: the ranks waiting on its commit go on,
-        and the parts of it already held are let go (the holders keep two steps at most)."""
+        and the parts of it already held are let go (the holders keep the committed step and those being sent)."""
         aborted = self._log.drop(world, step)
         self._abort(aborted)
         if step in aborted:
-            await self.forget(step)
-            others = [holder.forget.remote(step) for _, holder in self._holders[1:]]
-            await asyncio.gather(*others, return_exceptions=True)  # a holder of a lost node has nothing to let go
+            await self._forget_everywhere(step)
+
+    async def _forget_everywhere(self, step: int) -> None:
+        await self.forget(step)
+        others = [holder.forget.remote(step) for _, holder in self._holders[1:]]
+        await asyncio.gather(*others, return_exceptions=True)  # a holder of a lost node has nothing to let go
 
     async def forget(self, step: int) -> None:
         for part in [p for p in self._parts if p[0] == step]:
@@ -131,6 +166,12 @@ class StateKeeper:
                 if not waiter.done():
                     waiter.set_result(False)
                 del self._waiters[(world, step)]
+        for (world, step), final in list(self._finals.items()):
+            if world < self._log.world or step in steps:
+                if not final.done():
+                    final.set_result(False)
+                del self._finals[(world, step)]
+        self._plan.ended(self._log.world)
 
     async def _committed(self, step: int) -> None:
         """Holders drop older steps first, then the ranks waiting on this step go on."""
@@ -142,6 +183,12 @@ class StateKeeper:
                 if not waiter.done():
                     waiter.set_result(waited == step and world == self._log.world)
                 del self._waiters[(world, waited)]
+        self._plan.settled(self._log.world, step)
+        for (world, asked), final in list(self._finals.items()):
+            if asked <= step or world < self._log.world:  # older than the commit: never sent
+                if not final.done():
+                    final.set_result(False)
+                del self._finals[(world, asked)]
         if self._state_dir and (self._writer is None or self._writer.done()):
             self._writer = asyncio.get_running_loop().create_task(self._write_durable())
 
