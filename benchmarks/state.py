@@ -13,7 +13,11 @@ object store ``--store-gib`` (3 GiB).
   ``optimizer.step()`` that changes nothing, but waits as a real one would) with no saving,
   saving every step and every 10 steps (save_state), interleaved; after the
   run's first commit, which starts the keeper and its holders (once per
-  run: its time is printed apart).
+  run: its time is printed apart); the time the loop spent in the save and
+  the optimizer's step; the commit lag (how many steps the committed step
+  trails the one being saved). The step keeps the CPU busy (4 ranks on the
+  machine's cores, so any copy in the background slows it), or with
+  ``--idle-steps`` leaves it free, as a rank whose GPU does the work.
 * recovery: a rank dies (``os._exit``, after writing ``time.time()``), or a
   node holding two of the ranks is removed (``Cluster.remove_node``; the
   driver writes the time just before), with a third node as big added before
@@ -29,7 +33,7 @@ object store ``--store-gib`` (3 GiB).
   state of ``--mb 1000`` fits a small machine (``--store-gib 4``): per rank
   it would take 1 GB x 4 ranks x 2 places x 2 steps of object store.
 
-    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick]
+    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick] [--idle-steps]
     python benchmarks/state.py --mb 1000 --shared --store-gib 4
 """
 
@@ -159,7 +163,7 @@ def first_commit(model: Any, optimizer: Any, step_ms: float, kept: Dict[str, Any
     return time.perf_counter() - started
 
 
-def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool = False) -> Dict[str, Any]:
+def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool = False, idle: bool = False) -> Dict[str, Any]:
     """Mean step time (s) of a fixed step with a barrier, for each way of saving,
     after the run's first commit (reported apart: ``first commit``); for save_state,
     the commit lag: how many steps the committed one trails the step being saved
@@ -169,29 +173,39 @@ def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool
     first = first_commit(model, optimizer, step_ms, SHARED if shared_only else {})
     times: Dict[str, float] = {}
     lags: Dict[str, Tuple[float, int]] = {}
+    waits: Dict[str, float] = {}  # seconds per step the loop spent in the save and in optimizer.step()
     base = 1
     for label, how, every in SHARED_OVERHEAD_CASES if shared_only else OVERHEAD_CASES:
         save = _saver(how, model, optimizer, folder)
         behind: List[int] = []
+        waited = 0.0
         dist.barrier()
         started = time.perf_counter()
         for step in range(steps):
-            busy(step_ms)
+            if idle:  # the CPU free while the step runs (as when the GPU does the work)
+                time.sleep(step_ms / 1000)
+            else:
+                busy(step_ms)
+            before = time.perf_counter()
             optimizer.step()
+            waited += time.perf_counter() - before
             dist.barrier()
             if every and step % every == 0:
-                if how.startswith("save_state"):
+                if how.startswith("save_state") and step > 0:  # (the first: the previous case's last commit)
                     committed = raydist.wait_committed(timeout=0)
                     behind.append(base + step - (committed if committed is not None else -1))
+                before = time.perf_counter()
                 save(base + step)
+                waited += time.perf_counter() - before
         dist.barrier()
         times[label] = (time.perf_counter() - started) / steps
+        waits[label] = waited / steps
         if behind:
             lags[label] = (statistics.mean(behind), max(behind))
         raydist.wait_committed()  # the next case starts with nothing on its way
         dist.barrier()
         base += steps
-    return {"first commit": first, "times": times, "lags": lags}
+    return {"first commit": first, "times": times, "lags": lags, "waits": waits}
 
 
 def _what(options: argparse.Namespace) -> str:
@@ -214,18 +228,21 @@ def print_save_costs(options: argparse.Namespace, folder: str) -> None:
 
 def print_overhead(options: argparse.Namespace, folder: str) -> None:
     steps = 10 if options.quick else 30
-    args = (options.mb, steps, options.step_ms, folder, options.shared)
+    args = (options.mb, steps, options.step_ms, folder, options.shared, options.idle_steps)
     result = raydist.run(overhead, args=args, num_workers=4, placement_strategy="SPREAD")[0]
     times, lags = result["times"], result["lags"]
     print(
-        f"\n## step time, {_what(options)} ({options.step_ms:g} ms of work + a barrier, {steps} steps each)\n\n"
+        f"\n## step time, {_what(options)} ({options.step_ms:g} ms of {'idle ' if options.idle_steps else ''}work + a barrier, "
+        f"{steps} steps each)\n\n"
         "The commit lag: how many steps the committed step trails the one being saved, read just before each save "
         "(rank 0; a save every 10 steps trails by 10 when each commit comes before the next save).\n\n"
-        "| saving | step s | overhead | commit lag, mean / most (steps) |\n|---|---|---|---|"
+        "| saving | step s | overhead | of which in the save and optimizer.step() | commit lag, mean / most (steps) |\n|---|---|---|---|---|"
     )
+    waits = result["waits"]
     for label, seconds in times.items():
         lag = f"{lags[label][0]:.1f} / {lags[label][1]}" if label in lags else "-"
-        print(f"| {label} | {seconds:.4f} | {100 * (seconds / times['none'] - 1):+.1f} % | {lag} |")
+        waited = f"{1000 * (waits[label] - waits['none']):+.1f} ms"
+        print(f"| {label} | {seconds:.4f} | {100 * (seconds / times['none'] - 1):+.1f} % | {waited} | {lag} |")
     print(
         f"\nOnce per run, before these: the first save was committed {result['first commit']:.2f} s after it returned "
         "(its keeper and holders start; the loop's load_state began that); no save waits for it."
@@ -251,6 +268,9 @@ def main() -> None:
     parser.add_argument("--parts", default="save,overhead,recovery", help="which tables, comma-separated")
     parser.add_argument("--store-gib", type=float, default=3.0, help="object store per simulated node")
     parser.add_argument("--shared", action="store_true", help="save the model and optimizer as shared state (DDP's case) only")
+    parser.add_argument(
+        "--idle-steps", action="store_true", help="overhead: a step leaves the CPU free (a GPU's step), instead of busy on it"
+    )
     options = parser.parse_args()
     import ray
 

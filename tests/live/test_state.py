@@ -302,36 +302,52 @@ def test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_
     assert "could not keep step 0" not in err and "could not keep step 2" not in err, err[-3000:]
 
 
-def saves_ahead_of_a_peer(steps: int) -> Dict[str, Any]:
-    """Rank 0 saves every step before rank 1 saves any (a barrier between): no commit
-    is possible meanwhile, as none is while a peer's copies are on their way."""
+def saves_ahead_of_a_peer(steps: int, megabytes: float, change_after: bool) -> Dict[str, Any]:
+    """Step 0 committed (the keeper answers from then on); then rank 0 saves steps 1
+    to ``steps`` before rank 1 saves any (a barrier between): step 1 waits for rank 1's
+    copy, as a step waits while a peer's copies are on their way. ``change_after``:
+    rank 0 changes its weights in place after its last save."""
     rank = int(os.environ["RANK"])
-    weights = torch.zeros(1000)
+    weights = torch.zeros(int(megabytes * 2**20) // 4)
+    raydist.save_state(0, weights={"t": weights})
+    assert raydist.wait_committed() == 0
     if rank == 1:
         torch.distributed.barrier()
-    ahead = None
-    for step in range(steps):
+    for step in range(1, steps + 1):
         weights += 1
         raydist.save_state(step, weights={"t": weights})
+    ahead = None
     if rank == 0:
-        ahead = raydist.wait_committed(timeout=0)  # nothing can be committed yet: this does not wait
+        ahead = raydist.wait_committed(timeout=0)  # does not wait: step 1 is not committed yet
+        if change_after:
+            weights += 100
         torch.distributed.barrier()
-    return {
-        "ahead": ahead,
-        "committed": raydist.wait_committed(),
-        "resumed": raydist.load_state(weights={"t": weights}),
-        "t": weights[0].item(),
-    }
+    committed = raydist.wait_committed()
+    loaded: Dict[str, Any] = {"t": None}  # a plain value: filled in place
+    return {"ahead": ahead, "committed": committed, "resumed": raydist.load_state(weights=loaded), "t": loaded["t"][0].item()}
 
 
-def test_a_save_never_waits_for_the_step_before_and_the_newest_step_is_committed(ray_local: None) -> None:
-    # Rank 0's saves all return while its first step waits for rank 1's copy; the steps saved
-    # meanwhile are not sent (by either rank), and the newest, which every rank asks for again
-    # (wait_committed), is the one committed in the end.
-    results = raydist.run(saves_ahead_of_a_peer, args=(10,), num_workers=2)
-    assert results[0]["ahead"] is None
-    assert [r["committed"] for r in results] == [9, 9] and [r["resumed"] for r in results] == [9, 9]
-    assert [r["t"] for r in results] == [10.0, 10.0]
+@pytest.mark.parametrize(
+    "megabytes, change_after, last",
+    [
+        pytest.param(0.01, False, 10, id="small: copied"),  # a copy costs less than asking the keeper first
+        pytest.param(16, False, 10, id="big: not copied, read when asked for"),
+        pytest.param(16, True, 1, id="big, changed after its save"),
+    ],
+)
+def test_a_save_never_waits_for_the_step_before_and_the_newest_step_is_committed_when_every_rank_asks(
+    ray_local: None, capfd: pytest.CaptureFixture, megabytes: float, change_after: bool, last: int
+) -> None:
+    # Rank 0's saves all return while its step 1 waits for rank 1's copy; the steps saved meanwhile
+    # are not sent (by either rank: rank 0 decided), and the newest, which every rank asks for again
+    # (wait_committed), is committed in the end: unless rank 0 changed it in place after its save,
+    # when it is not kept and step 1 stays the committed one.
+    results = raydist.run(saves_ahead_of_a_peer, args=(10, megabytes, change_after), num_workers=2)
+    assert results[0]["ahead"] == 0
+    assert [r["committed"] for r in results] == [last, last] and [r["resumed"] for r in results] == [last, last]
+    assert [r["t"] for r in results] == [float(last), float(last)]  # the state of that step, loaded
+    said = "rank 0 could not keep step 10: 1 of its tensors changed in place after save_state" in capfd.readouterr().err
+    assert said == change_after
     assert_nothing_left(within=30)
 
 

@@ -43,22 +43,23 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydist.core import state
-from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy
+from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy, storage_pointer
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.timeline import SPANS
 from raydist.pool.worker.metrics import FIGURES_HERE, state_waited
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
-from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, unpack
+from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, tensors_of, unpack
 
 FLUSH_TIMEOUT = 120.0  # seconds a finished call waits for its last step to reach the holders
+ASK_FIRST_BYTES = 8 * 2**20  # a step at least this big saved while one is on its way out: the keeper is asked before it is copied
 
 _stores: Dict[str, "RayStateStore"] = {}
 Found = Optional[Tuple[SnapshotMeta, Dict[str, Any], Dict[str, Any]]]
@@ -127,6 +128,7 @@ class RayStateStore(StateStore):
         self._committed: Optional[int] = None  # the newest step known committed (loaded, or sent)
         self._latest: Optional[_Sending] = None  # the step whose copy an optimizer step waits for
         self._defer = True  # off once a guarded tensor was changed while being copied
+        self._keeper_answers = False  # the keeper has answered: a busy rank may ask it before copying
         self._ahead: Optional[_LoadAhead] = None
 
     # -- save -------------------------------------------------------------------
@@ -145,6 +147,10 @@ class RayStateStore(StateStore):
         if free and self._sending is not None and self._sending.is_alive():
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
         sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world, snapshot.world_size)
+        sending.answer = self._keeper_handle(create=True).want.remote(world, snapshot.step, free)  # read by the sender
+        if not free and self._keeper_answers and _state_bytes(snapshot) >= ASK_FIRST_BYTES and not ray.get(sending.answer):
+            self._watch(snapshot, sending)  # a step saved while one is on its way out is seldom sent: asking costs less than its copy
+            return
         try:
             self._copy(snapshot, sending, fresh=not free)
         except BaseException:
@@ -155,7 +161,6 @@ class RayStateStore(StateStore):
         if not any(isinstance(part, Deferred) for part in sending.staged.values()):
             sending.copied.set()
             sending.checked.set()
-        sending.answer = self._keeper_handle(create=True).want.remote(world, snapshot.step, free)  # read by the sender
         if not free and sending.staged:  # its puts begin now: the optimizer's next step waits for them, not for the sender
             sending.stager = threading.Thread(target=self._stage_apart, args=(sending,), daemon=True, name="raydist-state-stage")
             sending.stager.start()
@@ -176,6 +181,27 @@ class RayStateStore(StateStore):
             self._idle.clear()
         if start:
             self._start_sender(world)
+
+    def _watch(self, snapshot: Snapshot, sending: "_Sending") -> None:
+        """A step not sent, and not copied: its tensors watched (their versions) as the
+        newest step saved, in case every rank asks for it again before the next save
+        (``_settle``). Not where a tensor cannot be read later (on a device, a subclass)."""
+        parts: Optional[Dict[str, Any]] = {}
+        for key, states, count in _parts(snapshot):
+            sending.copies[key] = count
+            later = pack_later(states, _pointers(states))
+            if later is None or parts is None:
+                parts = None
+                continue
+            parts[key] = later
+        with self._lock:
+            if self._unsent is not None:
+                self._forget(self._unsent)
+            self._unsent = None
+            if parts is not None:
+                sending.staged = dict(parts)
+                self._unsent = sending  # (unchecked: its tensors are read only if it is asked for)
+            self._newest = sending
 
     def _start_sender(self, world: int) -> None:
         self._sending = threading.Thread(target=self._send_all, args=(world,), daemon=True, name="raydist-state-send")
@@ -228,8 +254,24 @@ class RayStateStore(StateStore):
             last, self._unsent = self._unsent, None
             if last is None or last.world != world or self._busy_world is not None:
                 return
-            last.answer = self._keeper_handle(create=True).final.remote(world, last.rank, last.step, last.world_size)
+        keeper = self._keeper_handle(create=True)
+        if not last.checked.is_set():  # a step only watched: its tensors are read now, if unchanged since its save
+            changed = sum(part.changed() for part in last.staged.values() if isinstance(part, Deferred))
+            if changed:  # the others' asks end: it is not sent
+                print(
+                    f"raydist: rank {last.rank} could not keep step {last.step}: {changed} of its tensors changed in place "
+                    "after save_state, before its copy was asked for",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._drop(last)
+                return
+            last.copied.set()
+            last.checked.set()
+        with self._lock:
+            last.answer = keeper.final.remote(world, last.rank, last.step, last.world_size)
             self._queue.append(last)
+            self._own[last.step] = last.refs
             self._busy_world = world
             self._sent.clear()
             self._idle.clear()
@@ -304,7 +346,9 @@ class RayStateStore(StateStore):
         elif not sending.put:
             self._stage_apart(sending)
         try:
-            return bool(ray.get(sending.answer))
+            wanted = bool(ray.get(sending.answer))
+            self._keeper_answers = True
+            return wanted
         except Exception as error:  # noqa: BLE001 - sent anyway: the send fails and drops the step, saying why
             sending.stage_error = sending.stage_error or error
             return True
@@ -515,6 +559,15 @@ def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
     if snapshot.shared and snapshot.local_rank == 0:
         parts.append((SHARED, snapshot.shared, 1 if snapshot.local_world_size < snapshot.world_size else 2))
     return parts
+
+
+def _state_bytes(snapshot: Snapshot) -> int:
+    return sum(tensor_bytes(states) for _, states, _ in _parts(snapshot))
+
+
+def _pointers(states: Any) -> FrozenSet[int]:
+    """The storages of every tensor in ``states`` (all watched: read later)."""
+    return frozenset(p for p in (storage_pointer(t) for t in tensors_of(states)) if p is not None)
 
 
 def _world() -> int:

@@ -97,7 +97,9 @@ class StateKeeper:
         current, aborted = self._log.enter(world)
         self._abort(aborted)
         done = self._log.committed
-        return current and not (done is not None and done.world == world and step <= done.meta.step)
+        if not current or self._log.was_dropped(step):  # (a rank could not keep it: never sent)
+            return False
+        return not (done is not None and done.world == world and step <= done.meta.step)
 
     async def ack(self, world: int, rank: int, meta_json: str, locations: Locations) -> bool:
         """Rank ``rank`` of attempt ``world`` holds its copies; returns once the step is committed (True) or aborted."""

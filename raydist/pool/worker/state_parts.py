@@ -59,7 +59,7 @@ class Deferred:
 
 def pack_later(states: Any, guarded: AbstractSet[int]) -> Optional[Deferred]:
     """``states`` packed for a put in the background, or None where nothing in it is guarded."""
-    if not any(storage_pointer(tensor) in guarded for tensor in _tensors(states)):
+    if not any(storage_pointer(tensor) in guarded for tensor in tensors_of(states)):
         return None
     arrays: List[np.ndarray] = []
     watched: List[Tuple[torch.Tensor, int]] = []
@@ -79,22 +79,22 @@ def unpack(packed: Packed) -> Any:
 
 def on_device(value: Any) -> bool:
     """Whether a state holds a tensor off the host (a CUDA one: copied through pinned memory)."""
-    return any(tensor.device.type != "cpu" for tensor in _tensors(value))
+    return any(tensor.device.type != "cpu" for tensor in tensors_of(value))
 
 
 def tensor_bytes(value: Any) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(value))
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors_of(value))
 
 
-def _tensors(value: Any) -> List["torch.Tensor"]:
+def tensors_of(value: Any) -> List["torch.Tensor"]:
     import torch
 
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in tensors_of(v)]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_of(v)]
     return []
 
 
