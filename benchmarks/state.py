@@ -191,7 +191,7 @@ def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool
             waited += time.perf_counter() - before
             dist.barrier()
             if every and step % every == 0:
-                if how.startswith("save_state") and step > 0:  # (the first: the previous case's last commit)
+                if how.startswith("save_state") and step >= 2 * every:  # (before: the previous case's last commit)
                     committed = raydist.wait_committed(timeout=0)
                     behind.append(base + step - (committed if committed is not None else -1))
                 before = time.perf_counter()
