@@ -302,20 +302,28 @@ def test_an_optimizer_step_waits_for_the_copy_and_a_change_outside_it_drops_the_
     assert "could not keep step 0" not in err and "could not keep step 2" not in err, err[-3000:]
 
 
-def saves_ahead_of_a_peer(steps: int, megabytes: float, change_after: bool) -> Dict[str, Any]:
+def saves_ahead_of_a_peer(steps: int, megabytes: float, change_after: bool, shared: bool = False) -> Dict[str, Any]:
     """Step 0 committed (the keeper answers from then on); then rank 0 saves steps 1
     to ``steps`` before rank 1 saves any (a barrier between): step 1 waits for rank 1's
     copy, as a step waits while a peer's copies are on their way. ``change_after``:
-    rank 0 changes its weights in place after its last save."""
+    rank 0 changes its weights in place after its last save. ``shared``: the weights
+    are shared state, and each rank's own part a plain value (no tensor to watch)."""
     rank = int(os.environ["RANK"])
     weights = torch.zeros(int(megabytes * 2**20) // 4)
-    raydist.save_state(0, weights={"t": weights})
+
+    def save(step: int) -> None:
+        if shared:
+            raydist.save_state(step, shared=["weights"], weights={"t": weights}, note=f"rank {rank} step {step}")
+        else:
+            raydist.save_state(step, weights={"t": weights})
+
+    save(0)
     assert raydist.wait_committed() == 0
     if rank == 1:
         torch.distributed.barrier()
     for step in range(1, steps + 1):
         weights += 1
-        raydist.save_state(step, weights={"t": weights})
+        save(step)
     ahead = None
     if rank == 0:
         ahead = raydist.wait_committed(timeout=0)  # does not wait: step 1 is not committed yet
@@ -324,25 +332,28 @@ def saves_ahead_of_a_peer(steps: int, megabytes: float, change_after: bool) -> D
         torch.distributed.barrier()
     committed = raydist.wait_committed()
     loaded: Dict[str, Any] = {"t": None}  # a plain value: filled in place
-    return {"ahead": ahead, "committed": committed, "resumed": raydist.load_state(weights=loaded), "t": loaded["t"][0].item()}
+    resumed = raydist.load_state(weights=loaded)
+    return {"ahead": ahead, "committed": committed, "resumed": resumed, "t": loaded["t"][0].item()}
 
 
 @pytest.mark.parametrize(
-    "megabytes, change_after, last",
+    "megabytes, change_after, shared, last",
     [
-        pytest.param(0.01, False, 10, id="small: copied"),  # a copy costs less than asking the keeper first
-        pytest.param(16, False, 10, id="big: not copied, read when asked for"),
-        pytest.param(16, True, 1, id="big, changed after its save"),
+        pytest.param(0.01, False, False, 10, id="small: copied"),  # a copy costs less than asking the keeper first
+        pytest.param(16, False, False, 10, id="big: not copied, read when asked for"),
+        pytest.param(16, True, False, 1, id="big, changed after its save"),
+        # Rank 0's own part has no tensor to watch: it copies its steps as rank 1 does, and both ask again.
+        pytest.param(16, False, True, 10, id="big shared, plain own parts"),
     ],
 )
 def test_a_save_never_waits_for_the_step_before_and_the_newest_step_is_committed_when_every_rank_asks(
-    ray_local: None, capfd: pytest.CaptureFixture, megabytes: float, change_after: bool, last: int
+    ray_local: None, capfd: pytest.CaptureFixture, megabytes: float, change_after: bool, shared: bool, last: int
 ) -> None:
     # Rank 0's saves all return while its step 1 waits for rank 1's copy; the steps saved meanwhile
     # are not sent (by either rank: rank 0 decided), and the newest, which every rank asks for again
     # (wait_committed), is committed in the end: unless rank 0 changed it in place after its save,
     # when it is not kept and step 1 stays the committed one.
-    results = raydist.run(saves_ahead_of_a_peer, args=(10, megabytes, change_after), num_workers=2)
+    results = raydist.run(saves_ahead_of_a_peer, args=(10, megabytes, change_after, shared), num_workers=2)
     assert results[0]["ahead"] == 0
     assert [r["committed"] for r in results] == [last, last] and [r["resumed"] for r in results] == [last, last]
     assert [r["t"] for r in results] == [float(last), float(last)]  # the state of that step, loaded

@@ -148,8 +148,9 @@ class RayStateStore(StateStore):
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
         sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world, snapshot.world_size)
         sending.answer = self._keeper_handle(create=True).want.remote(world, snapshot.step, free)  # read by the sender
-        if not free and self._keeper_answers and _state_bytes(snapshot) >= ASK_FIRST_BYTES and not ray.get(sending.answer):
-            self._watch(snapshot, sending)  # a step saved while one is on its way out is seldom sent: asking costs less than its copy
+        # A big step saved while one is on its way out is seldom sent: asking costs less than its copy.
+        asked = not free and self._keeper_answers and _state_bytes(snapshot) >= ASK_FIRST_BYTES
+        if asked and not _sent(sending) and self._watch(snapshot, sending):
             return
         try:
             self._copy(snapshot, sending, fresh=not free)
@@ -182,26 +183,25 @@ class RayStateStore(StateStore):
         if start:
             self._start_sender(world)
 
-    def _watch(self, snapshot: Snapshot, sending: "_Sending") -> None:
+    def _watch(self, snapshot: Snapshot, sending: "_Sending") -> bool:
         """A step not sent, and not copied: its tensors watched (their versions) as the
         newest step saved, in case every rank asks for it again before the next save
-        (``_settle``). Not where a tensor cannot be read later (on a device, a subclass)."""
-        parts: Optional[Dict[str, Any]] = {}
-        for key, states, count in _parts(snapshot):
-            sending.copies[key] = count
+        (``_settle``). False where a part cannot be read later (a tensor on a device,
+        a subclass, no tensor at all): the step is copied then, as any other."""
+        parts: Dict[str, Deferred] = {}
+        for key, states, _ in _parts(snapshot):
             later = pack_later(states, _pointers(states))
-            if later is None or parts is None:
-                parts = None
-                continue
+            if later is None:
+                return False
             parts[key] = later
+        sending.copies = {key: count for key, _, count in _parts(snapshot)}
+        sending.staged = dict(parts)
         with self._lock:
             if self._unsent is not None:
                 self._forget(self._unsent)
-            self._unsent = None
-            if parts is not None:
-                sending.staged = dict(parts)
-                self._unsent = sending  # (unchecked: its tensors are read only if it is asked for)
+            self._unsent = sending  # (unchecked: its tensors are read only if it is asked for)
             self._newest = sending
+        return True
 
     def _start_sender(self, world: int) -> None:
         self._sending = threading.Thread(target=self._send_all, args=(world,), daemon=True, name="raydist-state-send")
@@ -559,6 +559,14 @@ def _parts(snapshot: Snapshot) -> List[Tuple[str, Dict[str, Any], int]]:
     if snapshot.shared and snapshot.local_rank == 0:
         parts.append((SHARED, snapshot.shared, 1 if snapshot.local_world_size < snapshot.world_size else 2))
     return parts
+
+
+def _sent(sending: "_Sending") -> bool:
+    """The keeper's word on the step, waited for (True where the keeper cannot say: it is copied)."""
+    try:
+        return bool(ray.get(sending.answer))
+    except Exception:  # noqa: BLE001 - the keeper gone (its node lost): the attempt is ending, the copy does no harm
+        return True
 
 
 def _state_bytes(snapshot: Snapshot) -> int:
