@@ -11,8 +11,12 @@ workers of half a CPU. Per size N:
   ``ray.get`` of a no-op on N bare actors.
 * state step: the slowest rank's median time blocked in ``save_state`` of
   ``STATE_MB`` per rank (kept in memory on two nodes), a step's work
-  (``STEP_S``) between saves; floor: the slowest bare actor's median
-  ``torch.save`` of the same tensor to local disk.
+  (``STEP_S``) between saves; floor: every one of N bare actors
+  ``torch.save``-ing the same tensor to local disk at the same moments (the
+  slowest one's median). "state step (DCP)": the same raydist figure beside
+  the part of ``torch.distributed.checkpoint.async_save`` that blocks, every
+  rank of a raydist group at once (each waits for its previous save first,
+  as DCP asks; the slowest rank's median).
 * recovery: rank 1 dies; seconds from its death to rank 0 past the first
   barrier of the next world: ``raydist.run(max_restarts=1, spare_workers=1)``
   beside ``torchrun --standalone --max-restarts 1`` of the same function.
@@ -41,7 +45,7 @@ SAVES = 6  # save_state steps per size (the first not counted: the keeper starts
 STEP_S = 0.5  # a step's work between saves (idle here, as a rank waiting on its GPU): a save's copy overlaps it
 RUN_TIMEOUT_S = 600
 
-PHASES = ("start", "warm call", "state step", "recovery")
+PHASES = ("start", "warm call", "state step", "state step (DCP)", "recovery")
 
 
 def noop() -> None:
@@ -78,26 +82,52 @@ def _recovery(marks: str) -> float:
     return read("first") - read("crash")
 
 
-def save_steps(use_torch_save: bool) -> float:
-    """This rank's median seconds blocked per save of ``STATE_MB``."""
+def save_steps(how: str) -> float:
+    """This rank's median seconds blocked per save of ``STATE_MB``: ``how`` is
+    "save_state", "torch.save" or "dcp" (``async_save``, in a raydist group)."""
+    import shutil
+
     import torch
 
     import raydist
 
     tensor = torch.zeros(STATE_MB * 2**20 // 4)
-    folder = tempfile.mkdtemp(prefix="scale-state-")
-    if not use_torch_save:
+    if how == "dcp":  # one checkpoint folder for the group, as DCP expects (every rank on this machine)
+        folder = os.path.join(tempfile.gettempdir(), f"scale-state-dcp-{os.environ['MASTER_PORT']}")
+        os.makedirs(folder, exist_ok=True)
+    else:
+        folder = tempfile.mkdtemp(prefix="scale-state-")
+    if how == "save_state":
         raydist.load_state(weights={"t": tensor})
+    pending: List[Any] = []
+    if how == "dcp":
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        # async_save ends with collectives of its own in a thread: a group of its own keeps them apart.
+        group = dist.new_group(backend="gloo")
     blocked = []
-    for step in range(SAVES):
-        time.sleep(STEP_S)
-        tensor += 1
-        start = time.perf_counter()
-        if use_torch_save:
-            torch.save({"t": tensor}, os.path.join(folder, f"step_{step}.pt"))
-        else:
-            raydist.save_state(step, weights={"t": tensor})
-        blocked.append(time.perf_counter() - start)
+    try:
+        for step in range(SAVES):
+            time.sleep(STEP_S)
+            tensor += 1
+            if pending:  # one async_save in flight at a time, as DCP asks: waited for outside the timing
+                pending.pop().result()
+            start = time.perf_counter()
+            if how == "torch.save":
+                torch.save({"t": tensor}, os.path.join(folder, f"step_{step}.pt"))
+            elif how == "dcp":
+                pending.append(dcp.async_save({"t": tensor}, checkpoint_id=os.path.join(folder, f"step_{step}"), process_group=group))
+            else:
+                raydist.save_state(step, weights={"t": tensor})
+            blocked.append(time.perf_counter() - start)
+        if pending:
+            pending.pop().result()
+        if how == "dcp":
+            dist.barrier()  # every rank has written before the folder goes
+    finally:
+        if how != "dcp" or int(os.environ["RANK"]) == 0:
+            shutil.rmtree(folder, ignore_errors=True)
     return statistics.median(blocked[1:])
 
 
@@ -108,7 +138,7 @@ class BareWorker:
         return os.getpid()
 
     def save_steps(self) -> float:
-        return save_steps(use_torch_save=True)
+        return save_steps("torch.save")
 
 
 def _median_call(call: Callable[[], Any]) -> float:
@@ -154,7 +184,8 @@ def measure_size(n: int, log: Callable[[str], None]) -> Dict[str, Dict[str, floa
 
     with raydist.WorkerGroup(n, resources_per_worker=HALF_CPU) as group:
         warm = _median_call(lambda: group.run(noop))
-        state = max(group.run(save_steps, args=(False,)))
+        state = max(group.run(save_steps, args=("save_state",)))
+        dcp = max(group.run(save_steps, args=("dcp",)))
     actors = [ray.remote(num_cpus=0.5)(BareWorker).remote() for _ in range(n)]
     try:
         ray.get([actor.ping.remote() for actor in actors])
@@ -165,6 +196,7 @@ def measure_size(n: int, log: Callable[[str], None]) -> Dict[str, Dict[str, floa
             ray.kill(actor, no_restart=True)
     point["warm call"] = {"seconds": warm, "floor_seconds": bare}
     point["state step"] = {"seconds": state, "floor_seconds": floor_state}
+    point["state step (DCP)"] = {"seconds": state, "floor_seconds": dcp}
 
     with tempfile.TemporaryDirectory(prefix="scale-rd-") as marks:
         wait_for_quiet_cpu()
