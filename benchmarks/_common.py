@@ -157,11 +157,13 @@ def two_simulated_nodes(store_gib: float, cpus: int = 3) -> Any:
     attached. Each node's object store is sized as a real node's is (Ray's
     default: 30 % of memory), not the 150 MiB of Ray's test cluster, which a
     100 MB state per rank does not fit (Ray spills it to disk)."""
+    import logging
+
     import ray
     from ray.cluster_utils import Cluster
 
     store = int(store_gib * 2**30)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False, "object_store_memory": store})
     cluster.add_node(num_cpus=cpus, object_store_memory=store)
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
     return cluster
