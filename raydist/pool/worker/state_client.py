@@ -121,9 +121,7 @@ class RayStateStore(StateStore):
         self._unsent: Optional[_Sending] = None  # the newest step saved, when the keeper had it not sent
         self._staging: Dict[str, Any] = {}  # part key -> the host copy of a part with device tensors, reused
         self._room_checked = False  # whether the object store's room was checked (at the first save)
-        self._sent = threading.Event()  # the steps saved are acknowledged to the keeper (a call may end)
-        self._sent.set()
-        self._idle = threading.Event()  # and committed or given up (``wait_committed``)
+        self._idle = threading.Event()  # every step saved is committed or given up (a call may end; ``wait_committed``)
         self._idle.set()
         self._committed: Optional[int] = None  # the newest step known committed (loaded, or sent)
         self._latest: Optional[_Sending] = None  # the step whose copy an optimizer step waits for
@@ -178,7 +176,6 @@ class RayStateStore(StateStore):
             self._queue.append(sending)
             self._newest = sending
             self._own[snapshot.step] = sending.refs
-            self._sent.clear()
             self._idle.clear()
         if start:
             self._start_sender(world)
@@ -188,14 +185,13 @@ class RayStateStore(StateStore):
         newest step saved, in case every rank asks for it again before the next save
         (``_settle``). False where a part cannot be read later (a tensor on a device,
         a subclass, no tensor at all): the step is copied then, as any other."""
-        parts: Dict[str, Deferred] = {}
-        for key, states, _ in _parts(snapshot):
+        parts: Dict[str, Any] = {}
+        for key, states, count in _parts(snapshot):
             later = pack_later(states, _pointers(states))
             if later is None:
                 return False
-            parts[key] = later
-        sending.copies = {key: count for key, _, count in _parts(snapshot)}
-        sending.staged = dict(parts)
+            parts[key], sending.copies[key] = later, count
+        sending.staged = parts
         with self._lock:
             if self._unsent is not None:
                 self._forget(self._unsent)
@@ -273,7 +269,6 @@ class RayStateStore(StateStore):
             self._queue.append(last)
             self._own[last.step] = last.refs
             self._busy_world = world
-            self._sent.clear()
             self._idle.clear()
         self._start_sender(world)
         self._idle.wait(timeout)
@@ -326,7 +321,6 @@ class RayStateStore(StateStore):
                     return
                 if not self._queue:
                     self._busy_world = None
-                    self._sent.set()
                     self._idle.set()
                     return
                 sending = self._queue.popleft()
@@ -366,12 +360,7 @@ class RayStateStore(StateStore):
             sending.checked.wait()  # by the loop's thread: its next optimizer step, save_state, load_state or the call's end
             if sending.changed:
                 raise ChangedWhileCopied(sending.changed)
-            waiting = keeper.ack.remote(sending.world, rank, sending.meta_json, locations)
-            ray.get(keeper.holders.remote())  # calls run in order: the acknowledgement is recorded now
-            with self._lock:
-                if not self._queue:  # a call may end: what it saved is acknowledged
-                    self._sent.set()
-            committed = ray.get(waiting)
+            committed = ray.get(keeper.ack.remote(sending.world, rank, sending.meta_json, locations))
             now = time.time()
             SPANS.add(f"step {step} copied", "state", started, now, step=step, committed=committed)
             if committed:
