@@ -3,6 +3,7 @@ statistics and markdown tables (so the output pastes into README.md as is)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
@@ -48,7 +49,7 @@ def init_ray(**kwargs: Any) -> None:
     kwargs.setdefault("address", "local")
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("log_to_driver", False)
-    kwargs.setdefault("logging_level", "WARNING")
+    kwargs.setdefault("logging_level", logging.WARNING)
     ray.init(**kwargs)
 
 
@@ -157,7 +158,6 @@ def two_simulated_nodes(store_gib: float, cpus: int = 3) -> Any:
     attached. Each node's object store is sized as a real node's is (Ray's
     default: 30 % of memory), not the 150 MiB of Ray's test cluster, which a
     100 MB state per rank does not fit (Ray spills it to disk)."""
-    import logging
 
     import ray
     from ray.cluster_utils import Cluster

@@ -28,6 +28,7 @@ the figure to read.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import subprocess
@@ -223,7 +224,7 @@ def real_curve(sizes: List[int], log: Callable[[str], None] = print) -> Dict[str
     for _ in range(NODES - 1):
         cluster.add_node(num_cpus=CPUS_PER_NODE)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
     curve: Dict[str, Dict[str, List[float]]] = {phase: {"workers": [], "seconds": [], "floor_seconds": []} for phase in PHASES}
     try:
         from cold_start import make_time_floor

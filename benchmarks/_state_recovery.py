@@ -134,19 +134,25 @@ def _wait_until(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)  # polling files the ranks write, with a deadline
 
 
-def node_loss(cluster: Any, mb: int, store_gib: float, marks: str) -> Measured:
-    """4 ranks, two per node (SPREAD); at the fault's step a third node (as
-    big) joins, then the node with two ranks that is not the driver's is removed;
-    the run restarts warm with the lost ranks on the new node."""
+def node_loss(cluster: Any, mb: int, store_gib: float, marks: str, spares: int = 0) -> Measured:
+    """4 ranks, two per node (SPREAD); at the fault's step the node with two
+    ranks that is not the driver's is removed, and the run restarts warm.
+    Without ``spares`` a third node (as big) joins just before the loss and
+    new processes take the lost ranks there; with them, the third node is
+    there from the start and the spares stand on it (rank order fills the
+    driver's node first and puts the spares last)."""
     import ray
     from _common import wait_for_quiet_cpu
 
     head = ray.get_runtime_context().get_node_id()
     outcome: Dict[str, Any] = {}
+    if spares:
+        cluster.add_node(num_cpus=3, object_store_memory=int(store_gib * 2**30))
+        cluster.wait_for_nodes()
 
     def target() -> None:
         try:
-            options: Dict[str, Any] = {"num_workers": 4, "max_restarts": 1, "placement_strategy": "SPREAD"}
+            options: Dict[str, Any] = {"num_workers": 4, "max_restarts": 1, "placement_strategy": "SPREAD", "spare_workers": spares}
             raydist.run(recover, args=(mb, STEPS, FAULT_AT, marks), kwargs={"keep_node": head}, **options)
         except BaseException as error:  # noqa: BLE001 - raised below, in the driver's thread
             outcome["error"] = error
@@ -157,8 +163,9 @@ def node_loss(cluster: Any, mb: int, store_gib: float, marks: str) -> Measured:
     _wait_until(lambda: len(at()) == 4 or not thread.is_alive(), RUN_TIMEOUT_S, "4 ranks at the fault's step")
     if len(at()) < 4 or sorted(at()).count(head) != 2:
         raise RuntimeError(f"expected two ranks on each node, found {at()} ({outcome.get('error')!r})")
-    cluster.add_node(num_cpus=3, object_store_memory=int(store_gib * 2**30))
-    cluster.wait_for_nodes()
+    if not spares:
+        cluster.add_node(num_cpus=3, object_store_memory=int(store_gib * 2**30))
+        cluster.wait_for_nodes()
     wait_for_quiet_cpu()  # the new raylet's start-up is not part of the loss
     victim = next(node for node in cluster.worker_nodes if node.node_id in at())
     with open(os.path.join(marks, "crash"), "w") as file:
@@ -190,7 +197,10 @@ CRASHES = [
     ("crash, no spare", {}, False),
     ("fresh + torch.load", {"restart_mode": "fresh"}, True),
 ]
-NODE_LOSS = "node lost (2 of 4 ranks), warm, onto a third node"
+NODE_LOSS = {  # spares -> label; each case leaves the cluster with two nodes, as it found it
+    2: "node lost (2 of 4 ranks), warm, 2 spares on a third node",
+    0: "node lost (2 of 4 ranks), warm, new processes on a third node",
+}
 
 
 def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False) -> List[str]:
@@ -207,9 +217,10 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
         args = (mb, STEPS, FAULT_AT, marks, marks if disk else None, shared)
         raydist.run(recover, args=args, num_workers=4, max_restarts=1, **options)  # type: ignore[arg-type]
         measured.append((label, _recovery_seconds(marks)))
-    if not shared:  # last of raydist's: it leaves the cluster with the new node instead of the lost one
-        folders.append(tempfile.mkdtemp())
-        measured.insert(2, (NODE_LOSS, node_loss(cluster, mb, store_gib, folders[-1])))
+    if not shared:  # last of raydist's: they leave the cluster with a new node instead of the lost one
+        for spares, label in NODE_LOSS.items():
+            folders.append(tempfile.mkdtemp())
+            measured.insert(len(measured) - 1, (label, node_loss(cluster, mb, store_gib, folders[-1], spares)))
     folders.append(tempfile.mkdtemp())
     measured.append(("torchrun --max-restarts 1 + torch.load", torchrun(mb, folders[-1], shared)))
     for folder in folders:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -277,7 +278,6 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def collect(modes: List[str], reps: int, verbose: bool = False) -> Dict[str, List[Dict[str, Any]]]:
     """``reps`` samples of each mode, interleaved, on one simulated cluster."""
-    import logging
     import tempfile
 
     import ray
@@ -294,7 +294,7 @@ def collect(modes: List[str], reps: int, verbose: bool = False) -> Dict[str, Lis
     for _ in range(NODES - 1):
         cluster.add_node(num_cpus=CPUS_PER_NODE)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
     print(f"  {NODES}-node cluster up in {time.perf_counter() - started:.1f} s", flush=True)
     samples: Dict[str, List[Dict[str, Any]]] = {mode: [] for mode in modes}
     try:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -201,7 +202,7 @@ def stragglers(late_s: float, rounds: int) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     for _ in range(2):
         cluster.add_node(num_cpus=2)
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
     healthy: List[float] = []
     replaced: List[Tuple[float, Optional[float], Optional[float]]] = []
     kept: List[float] = []
@@ -343,7 +344,6 @@ def preflight(rounds: int) -> None:
 
 def _simulated_preflight(rounds: int) -> Tuple[float, float, float]:
     """(start with the check, without, judge + split on 4,097 figures): medians, seconds of wall time."""
-    import logging
 
     from _common import median
 

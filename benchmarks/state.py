@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import expose_to_workers, load_line, machine_line, two_simulated_nodes
-from _state_recovery import NODE_LOSS, SHARED, build, busy, recovery_table
+from _state_recovery import SHARED, build, busy, recovery_table
 
 import raydist
 
@@ -250,7 +250,11 @@ def print_overhead(options: argparse.Namespace, folder: str) -> None:
 
 
 def print_recovery(options: argparse.Namespace, cluster: Any) -> None:
-    where = "" if options.shared else f"; {NODE_LOSS!r}: a third node as big joins before the loss and takes the lost node's two ranks"
+    where = (
+        ""
+        if options.shared
+        else "; a node lost: the node with two ranks that is not the driver's is removed, a third node as big takes its ranks"
+    )
     print(
         f"\n## failure -> first step with the state restored (rank 0), {_what(options)}{where}\n\n"
         "| case | seconds | resumed after step | faster than torchrun | to the function / build / load / first step (s) |\n|---|---|---|---|---|"
