@@ -78,12 +78,12 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
     of the next attempt writes when its first step after loading ended. ``disk``:
     torch.save/torch.load instead (``shared``: rank 0 saves one file, every rank loads it)."""
     entered = time.time()
-    _init_process_group()
-    rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    model, optimizer = build(mb)
+    model, optimizer = build(mb)  # before anything needs the rank: with run_ahead, a process waits in load_state with this done
     built = time.time()
-    path = os.path.join(disk, "shared.pt" if shared else f"rank{rank}.pt") if disk else ""
+    path = ""
     if disk:
+        _init_process_group()
+        path = os.path.join(disk, "shared.pt" if shared else f"rank{dist.get_rank()}.pt")
         start = None
         if os.path.exists(path):
             saved = torch.load(path, weights_only=False)
@@ -92,6 +92,8 @@ def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] 
             start = saved["step"]
     else:
         start = raydist.load_state(model=model, optimizer=optimizer)
+        _init_process_group()
+    rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     loaded = time.time()
     for step in range(0 if start is None else start + 1, steps):
         if attempt == 0 and step == crash_at:
@@ -194,6 +196,7 @@ def torchrun(mb: int, marks: str, shared: bool) -> Measured:
 
 CRASHES = [
     ("crash, spare", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, False),
+    ("crash, spare, run_ahead", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}, "run_ahead": True}, False),
     ("crash, no spare", {}, False),
     ("fresh + torch.load", {"restart_mode": "fresh"}, True),
 ]
@@ -206,12 +209,12 @@ NODE_LOSS = {  # spares -> label; each case leaves the cluster with two nodes, a
 def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False) -> List[str]:
     """One row per case: seconds, the step resumed after, and torchrun's time over
     the case's. ``shared``: the model and optimizer saved as shared state, and only
-    the crash with a spare (and torchrun, the anchor)."""
+    the crashes with a spare (and torchrun, the anchor)."""
     import shutil
 
     measured: List[Tuple[str, Measured]] = []
     folders = []
-    for label, options, disk in CRASHES[:1] if shared else CRASHES:
+    for label, options, disk in CRASHES[:2] if shared else CRASHES:
         folders.append(tempfile.mkdtemp())
         marks = folders[-1]
         args = (mb, STEPS, FAULT_AT, marks, marks if disk else None, shared)

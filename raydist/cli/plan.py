@@ -132,8 +132,11 @@ def as_flags(message: str) -> str:
     message = message.replace(ELASTIC_SIZE, "--nnodes MIN:MAX")
     message = message.replace("num_nodes=(min, max) needs min <= max", "--nnodes MIN:MAX needs MIN <= MAX")
     flag_of = {option.name: flag.flag for option, flag in cli_options()}
+    names = "|".join(flag_of)
+    # A value given as Python spells it ("restart_mode='warm'") as typed here ("--restart-mode warm").
+    message = re.sub(r"(?<!-)\b(" + names + r")=(['\"]?)([\w.:-]+)\2", lambda m: f"{flag_of[m.group(1)]} {m.group(3)}", message)
     # (?<!-): a name already spelled as a flag (a hint's "--address") stays as it is.
-    return re.sub(r"(?<!-)\b(" + "|".join(flag_of) + r")\b", lambda m: flag_of[m.group(1)], message)
+    return re.sub(r"(?<!-)\b(" + names + r")\b", lambda m: flag_of[m.group(1)], message)
 
 
 def _check_script(path: str) -> str:

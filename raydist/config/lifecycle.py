@@ -312,6 +312,23 @@ SPARE_WORKERS = Option(
         "is replaced in the background (default {default})",
     ),
 )
+RUN_AHEAD = Option(
+    False,
+    check=check_bool,
+    doc="with warm restarts: spares, and kept processes after a failure, run the call's function "
+    "ahead, before they have a rank, up to its first ``load_state``, and park there; joining the "
+    "next world, they only load the state and go on (imports done, model built). The function must "
+    "not need its rank, process group or data before ``load_state``; one that raises there runs "
+    "again from the top. ``raydist.run`` and ``raydist run`` only (their call is sent again after a restart).",
+    flag=flag(
+        "--run-ahead",
+        action="store_true",
+        help="with --restart-mode warm: spares, and kept processes after a failure, run the script "
+        "ahead up to its first raydist.load_state() and wait there, so that a restart only loads "
+        "the state (nothing before that call may need the rank or the process group; a script "
+        "that does runs again from the top)",
+    ),
+)
 SURVIVOR_TIMEOUT = Option(
     10.0,
     check=check_seconds,

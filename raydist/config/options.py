@@ -70,6 +70,7 @@ class RunConfig:
     shutdown_timeout: float = life.SHUTDOWN_TIMEOUT.field()
     restart_mode: str = life.RESTART_MODE.field()
     spare_workers: int = life.SPARE_WORKERS.field()
+    run_ahead: bool = life.RUN_AHEAD.field()
     survivor_timeout: float = life.SURVIVOR_TIMEOUT.field()
     state_dir: Optional[str] = life.STATE_DIR.field()
     state_keep: int = life.STATE_KEEP.field()
@@ -198,6 +199,8 @@ def _check_node_selection(config: RunConfig) -> None:
 def _check_spares(config: RunConfig) -> None:
     if config.spare_workers and not config.warm_restarts:
         raise ValueError("spare_workers take dead ranks' places in warm restarts: they need restart_mode='warm'")
+    if config.run_ahead and not config.warm_restarts:
+        raise ValueError("run_ahead readies the processes of a warm restart: it needs restart_mode='warm'")
     if config.spare_workers and config.num_nodes is not None:
         raise ValueError(
             "spare_workers with num_nodes: a spare would have to be a whole node of workers_per_node "

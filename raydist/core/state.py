@@ -31,7 +31,7 @@ STATE_DIR_VAR = "RAYDIST_STATE_DIR"
 STATE_KEEP_VAR = "RAYDIST_STATE_KEEP"
 DEFAULT_KEEP = 2
 
-__all__ = ["Snapshot", "StateSizeError", "StateStore", "load_state", "save_state", "set_store", "wait_committed"]
+__all__ = ["Snapshot", "StateSizeError", "StateStore", "load_state", "save_state", "set_load_gate", "set_store", "wait_committed"]
 
 
 class StateSizeError(ValueError):
@@ -84,6 +84,14 @@ _store: Optional[StateStore] = None
 _dir_stores: Dict[str, "DirStore"] = {}
 Observer = Callable[[str, Optional[int], float, float], None]  # ("save_state" or "load_state", step, started, ended)
 _observe: Optional[Observer] = None
+_load_gate: Optional[Callable[[], None]] = None
+
+
+def set_load_gate(gate: Optional[Callable[[], None]]) -> None:
+    """Called first in every ``load_state`` (raydist's workers park a function
+    run ahead of its rank there, ``run_ahead``); None: no gate."""
+    global _load_gate
+    _load_gate = gate
 
 
 def set_store(store: Optional[StateStore], observe: Optional[Observer] = None) -> None:
@@ -159,6 +167,8 @@ def load_state(**objects: Any) -> Optional[int]:
     plain value is updated in place. Raises ``StateSizeError`` when per-rank
     state saved by a world of one size would be loaded into another.
     """
+    if _load_gate is not None:  # before the store: a function run ahead has none yet
+        _load_gate()
     store = _active()
     if store is None:
         return None

@@ -42,6 +42,8 @@ class FakeCall:
 class FakeProcesses:
     def __init__(self, load: Callable[[Any], Any], speeds: Optional[Mapping[str, float]] = None):
         self.workers: List[FakeWorker] = []
+        self._by_pid: Dict[int, FakeWorker] = {}
+        self._in_collective: List[FakeWorker] = []  # workers that entered a collective they have not left (a hang)
         self._speeds = dict(speeds or {})  # node -> what its workers' compute probe measures (default 100 GFLOP/s)
         self._devices_visible = True
         self.agents: List[FakeAgent] = []
@@ -56,6 +58,7 @@ class FakeProcesses:
         worker.gflops = self._speeds.get(node or "", worker.gflops)
         worker.devices_visible = self._devices_visible
         self.workers.append(worker)
+        self._by_pid[worker.pid] = worker
         self._queues[number] = []
         if node is None:
             self.end(worker, "its bundle is not placed", None)
@@ -107,13 +110,17 @@ class FakeProcesses:
             self._break_collectives()
 
     def _break_collectives(self) -> None:
-        """As gloo: a rank waiting in a collective fails once a peer process is gone."""
-        for worker in self.workers:
+        """As gloo: a rank waiting in a collective fails once a peer process is gone
+        (only those that entered one are looked at: a shutdown kills every worker)."""
+        for worker in list(self._in_collective):
             waiting = [entry for entry in worker.recorder if not entry.completed]
             queue = self._queues.get(worker.number, [])
+            if not worker.alive:
+                self._in_collective.remove(worker)
             if not worker.alive or not waiting or not queue or queue[0].state != "hung":
                 continue
             worker.recorder = [replace(entry, completed=True, failed=True) if not entry.completed else entry for entry in worker.recorder]
+            self._in_collective.remove(worker)
             call = queue[0]
             error = RuntimeError(f"[gloo] {waiting[0].op} #{waiting[0].seq}: Connection closed by peer")
             call.finish(failed_outcome(error) if call.method == "execute" else None, None if call.method == "execute" else error)
@@ -126,6 +133,8 @@ class FakeProcesses:
             return CollectiveEntry("0", number, "all_reduce", ((1,),), ("float32",), int(now * 1e9), done)
 
         worker.recorder = [entry(n, True) for n in range(1, seq)] + ([entry(seq, False)] if entered else [])
+        if entered and worker not in self._in_collective:
+            self._in_collective.append(worker)
 
     def straggle_step(self, straggler: FakeWorker, seq: int, late: float, now: float) -> None:
         """Every live rank of ``straggler``'s world completed all_reduce #``seq``,
@@ -139,8 +148,8 @@ class FakeProcesses:
 
     def recorded(self, pid: int) -> List[CollectiveEntry]:
         """A worker's flight recorder, as its node's agent reads it."""
-        process = next((w for w in self.workers if w.pid == pid and w.alive), None)
-        return list(process.recorder) if process is not None else []
+        process = self._by_pid.get(pid)
+        return list(process.recorder) if process is not None and process.alive else []
 
     def end_all(self, how: str, which: Callable[[FakeProcess], bool] = lambda process: True, exit_code: Optional[int] = None) -> None:
         """Every process still alive (``which`` of them) is gone."""

@@ -75,6 +75,8 @@ class FakeWorker(FakeProcess):
     recorder: List[CollectiveEntry] = field(default_factory=list)  # its flight recorder, what the agent reads
     gflops: float = 100.0  # what its pre-flight compute probe measures (its node's speed; 0: the probe fails)
     devices_visible: bool = True  # False: its accelerator is only counted, torch falls back to the CPU
+    ran_ahead: List[Tuple[Optional[int], int]] = field(default_factory=list)  # (rank, teardowns before) of each run_ahead
+    teardowns: int = 0
 
     def __repr__(self) -> str:
         return f"FakeWorker(#{self.number}, rank={self.rank}, slot={self.slot}, node={self.node_id})"
@@ -134,7 +136,11 @@ class FakeWorker(FakeProcess):
         return self.returned
 
     def teardown(self) -> None:
-        pass
+        self.teardowns += 1
+
+    def run_ahead(self, call: Any) -> None:
+        """Noted only: what a function run ahead does before its load_state is the worker's, not the engine's."""
+        self.ran_ahead.append((self.rank, self.teardowns))
 
 
 def failed_outcome(error: BaseException, timestamp: float = 0.0) -> Outcome:

@@ -10,6 +10,7 @@ import argparse
 import inspect
 import os
 import threading
+import time
 from typing import Any, Dict, Optional
 
 import torch
@@ -34,20 +35,27 @@ def train(
     lose_node: str = "",
     marks: str = "",
     shared: bool = False,
+    builds: str = "",
 ) -> Dict[str, Any]:
     """``steps`` steps of DDP (torch's DistributedDataParallel, gloo); on attempt 0, once step
     ``crash_at - 1`` is committed, rank ``crash_rank`` dies at the start of step ``crash_at`` (or, with ``marks``, every rank marks the step
     there, with its node, and those on ``lose_node`` block until that node is
-    removed; the others go on into the collective)."""
+    removed; the others go on into the collective). ``builds``: a folder where each
+    model build leaves a mark with its process and the RANK it saw (none: run ahead).
+
+    Nothing before ``load_state`` needs the rank or the process group, so that a
+    process readied with ``run_ahead`` parks there with its model built."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    if builds:
+        write_mark(builds, f"build-{os.getpid()}-{time.monotonic_ns()}.json", {"pid": os.getpid(), "rank": os.environ.get("RANK")})
+    kept = {"shared": ("model", "optimizer")} if shared else {}
+    resumed = raydist.load_state(model=model, optimizer=optimizer)
     if not dist.is_initialized():
         _init_process_group()
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    kept = {"shared": ("model", "optimizer")} if shared else {}
-    resumed = raydist.load_state(model=model, optimizer=optimizer)
     # One bucket per parameter: DDP lays out its first step's single bucket in
     # parameter order and rebuilds it in gradient-ready order after that step, so
     # a resumed run's first step would sum the same gradients in another layout

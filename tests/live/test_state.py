@@ -103,14 +103,24 @@ def reference(reference_dir: Path) -> List[Dict[str, Any]]:
         # make test: a spare takes the crashed rank's place; without one and fresh restarts, the bookkeeping is the
         # engine's (test_engine_faults rows)
         pytest.param({"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, id="warm-spare"),
+        pytest.param({"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}, "run_ahead": True}, id="warm-spare-run-ahead"),
         pytest.param({}, id="warm", marks=pytest.mark.soak),
         pytest.param({"restart_mode": "fresh"}, id="fresh", marks=pytest.mark.soak),
     ],
 )
 def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], options: Dict[str, Any], tmp_path: Path) -> None:
-    timeline = tmp_path / "timeline.json"
-    results = raydist.run(train, args=(STEPS, CRASH_AT, 2), num_workers=4, max_restarts=1, timeline=str(timeline), **options)
+    timeline, builds = tmp_path / "timeline.json", tmp_path / "builds"
+    builds.mkdir()
+    args = (STEPS, CRASH_AT, 2)
+    results = raydist.run(
+        train, args=args, kwargs={"builds": str(builds)}, num_workers=4, max_restarts=1, timeline=str(timeline), **options
+    )
     assert_resumed(results, reference)
+    ahead = sorted(b["pid"] for b in read_marks(builds, "build-*.json") if b["rank"] is None)
+    if options.get("run_ahead"):  # every rank of attempt 1 went on from a model built ahead, before it had a rank
+        assert ahead == sorted(r["pid"] for r in results), ahead
+    else:
+        assert ahead == []
     check_timeline(json.loads(timeline.read_text()), crashed=2, spare="spare_workers" in options)
     if options.get("restart_mode") != "fresh":  # ranks 0, 1, 3 kept their process and loaded from memory
         assert len({r["pid"] for r in results}) == 4

@@ -73,7 +73,7 @@ from raydist.pool.driver.startup import GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.summary import RunResults, RunSummary
 from raydist.pool.driver.waiting import CallWait, Waited
-from raydist.pool.records import CallEnd, GroupPhase
+from raydist.pool.records import INLINE_CALL_BYTES, CallEnd, GroupPhase
 from raydist.pool.rules.hangs import NotArrived
 from raydist.pool.rules.policy import Action, Decision, scale_to
 from raydist.pool.rules.stragglers import Straggler
@@ -98,6 +98,7 @@ class RunController:
         self._calls = 0
         self._in_flight: Dict[int, WorkerFuture] = {}  # calls sent and not yet ended, by number
         self._last_call: KeptCall = None  # the call the current world's ranks keep (send_call)
+        self._ahead: Optional[Tuple[bytes, Any]] = None  # (call, as sent) run ahead to its load_state (run_ahead)
         self._not_replaced: Set[Tuple[int, int]] = set()  # (attempt, rank) of stragglers said to stay for want of a spare
         self.holdings: Optional[Holdings] = None
         self.attempt: Optional[Attempt] = None  # the attempt that runs (or the last one, once stopped)
@@ -262,6 +263,7 @@ class RunController:
         assert attempt is not None and self.life.phase is GroupPhase.RUNNING
         split = split_for_world(self.cluster, attempt, data, self.held_resources, self.attach)  # queued before the call
         refs, self._last_call = send_call(self.cluster, attempt, call, self._last_call)
+        self._run_ahead(call)
         number, self._calls = self._calls, self._calls + 1
         deadline = None if self.config.timeout is None else self.cluster.monotonic() + self.config.timeout
         wait = CallWait(self.cluster, refs, attempt.workers, list(attempt.actors), deadline)
@@ -269,6 +271,15 @@ class RunController:
         future = self._in_flight[number] = WorkerFuture(hooks, attempt, refs, number, wait, self.cluster.time(), split)
         self.cluster.when_ended(refs, partial(_news, wait, self._loop))
         return future
+
+    def _run_ahead(self, call: bytes) -> None:
+        """With ``run_ahead``, in a run that sends its call again after a restart:
+        the spares run ``call`` ahead (a kept process does at its warm restart)."""
+        if not (self.config.run_ahead and self.attempts.fresh_restarts) or self.holdings is None:
+            return
+        if self._ahead is None or self._ahead[0] is not call:
+            self._ahead = (call, self.cluster.share(call) if len(call) > INLINE_CALL_BYTES else call)
+        self.holdings.spares.run_ahead(self._ahead[1])
 
     def _end_calls(self) -> bool:
         """End the calls in flight whose ranks are back, oldest first (each rank
@@ -321,7 +332,13 @@ class RunController:
         self.life.move(GroupPhase.RESTARTING)
         config = self.config
         restart = WarmRestart(
-            self._builder, holdings, self._stop_requested, config.survivor_timeout, config.startup_timeout, config.worker_range
+            self._builder,
+            holdings,
+            self._stop_requested,
+            config.survivor_timeout,
+            config.startup_timeout,
+            config.worker_range,
+            ahead=self._ahead[1] if self._ahead is not None else None,
         )
         restarted = restart.run(old, calls[0].refs, waited, calls[0].number, self.attempts.next)
         if restarted is None:

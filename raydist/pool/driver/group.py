@@ -42,7 +42,13 @@ class WorkerGroup:
     ):
         if num_workers is not None:
             options["num_workers"] = num_workers
-        self._run = RunController(cluster or _ray_cluster(), make_config(config, options), fresh_restarts=False)
+        checked = make_config(config, options)
+        if checked.run_ahead:
+            raise ValueError(
+                "run_ahead is for raydist.run and raydist run, whose call is sent again after a restart; "
+                "a WorkerGroup's next call is the caller's to send"
+            )
+        self._run = RunController(cluster or _ray_cluster(), checked, fresh_restarts=False)
 
     # -- what the group is -------------------------------------------------
 

@@ -58,6 +58,7 @@ class WarmRestart:
     survivor_timeout: float  # seconds a survivor's call may take to come back after the failure
     startup_timeout: float  # seconds to wait for seats for the replacements
     sizes: Optional[Tuple[int, int]]  # the elastic size range (None: the world's size is fixed)
+    ahead: Any = None  # the call kept processes run ahead after their teardown (run_ahead; None: not)
 
     def run(self, failed: Attempt, refs: Sequence[Pending], waited: Waited, call: int, number: int) -> Optional[Tuple[Attempt, str]]:
         """The next attempt (numbered ``number``: the run's one counter says it)
@@ -87,7 +88,7 @@ class WarmRestart:
         leaving = lost | set(failed.drained)
         failed.stop_watching()  # nothing may read or warn a half-changed attempt
         deadline = failed_at + self.survivor_timeout
-        settled = settle_survivors(cluster, failed.actors, refs, waited, old, lost, deadline, live)
+        settled = settle_survivors(cluster, failed.actors, refs, waited, old, lost, deadline, live, self.ahead)
         failed.close_output(call, waited.results, [f.rank for f in waited.failures if not f.crashed])
         late_results(failed, settled.late)
         plan = _plan(holdings, failed, settled, leaving, builder.excluded, self.sizes, self.startup_timeout, live)
@@ -125,13 +126,22 @@ def settle_survivors(
     lost: Collection[str],
     deadline: float,
     live: Callable[[], None] = lambda: None,
+    ahead: Any = None,
 ) -> Settled:
     """Make every live rank leave its process group: at once where its call is
-    back, else when it comes back, until ``deadline`` (``cluster.time()``)."""
+    back, else when it comes back, until ``deadline`` (``cluster.time()``); then
+    run ``ahead`` (the call sent again next) to its ``load_state``, when given."""
+
+    def leave(rank: int) -> Pending:
+        teardown = cluster.call(actors[rank], "teardown")
+        if ahead is not None:  # queued behind the teardown: it starts once the process left its group
+            cluster.call(actors[rank], "run_ahead", ahead)
+        return teardown
+
     dead = {f.rank for f in waited.failures if f.crashed} | {w.rank for w in workers if w.node_id in lost}
     pending = {refs[rank]: rank for rank in waited.pending if rank not in dead}
     late = Waited([None] * len(refs))
-    resets = {cluster.call(actors[r], "teardown"): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
+    resets = {leave(r): r for r in range(len(refs)) if r not in dead and r not in waited.pending}
     while pending or resets:
         live()
         remaining = deadline - cluster.time()
@@ -151,7 +161,7 @@ def settle_survivors(
                     dead.add(rank)
                 else:
                     late.keep(rank, value)
-                    resets[cluster.call(actors[rank], "teardown")] = rank
+                    resets[leave(rank)] = rank
                 continue
             rank = resets.pop(ref)
             if _outcome(cluster, ref)[0]:

@@ -19,7 +19,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Collection, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Collection, List, Mapping, Optional, Sequence, Set
 
 from raydist.core.accelerators import Accelerator
 from raydist.pool.cluster.seam import Cluster, Reservation, Timer, Worker
@@ -67,6 +67,19 @@ class SparePool:
         self._starting: dict = {}  # bundle -> actor (None: reserved, waiting REFILL_DELAY_S)
         self._closed = threading.Event()  # set by close()
         self._timers: List[Timer] = []  # refills waiting out their delay (cancelled by close())
+        self._ahead: Any = None  # the call spares run ahead to its load_state (run_ahead), as sent
+        self._ahead_given: Set[int] = set()  # bundles of the spares that run it
+
+    def run_ahead(self, call: Any) -> None:
+        """Spares run ``call`` (bytes, or the cluster's shared copy) ahead to its first
+        ``load_state``: each ready one now, each new one once it stood by."""
+        with self._lock:
+            if call is not self._ahead:
+                self._ahead, self._ahead_given = call, set()
+            spares = [s for s in self._ready if s.placement.index not in self._ahead_given]
+            self._ahead_given.update(s.placement.index for s in spares)
+        for spare in spares:
+            self._cluster.call(spare.actor, "run_ahead", call)
 
     def adopt(self, spares: Sequence[Spare], workers: Sequence[Placement]) -> None:
         """Spares started with the group: pin their devices now (not waited for)."""
@@ -132,6 +145,12 @@ class SparePool:
             cluster.get([cluster.call(actor, "stand_by", env, self._accelerator.device_type)], timeout=self._timeout)
             if self._healthy is None or self._healthy(actor, placement, env):
                 spare = Spare(actor, placement)
+                with self._lock:
+                    ahead = self._ahead
+                    if ahead is not None:
+                        self._ahead_given.add(seat.bundle)
+                if ahead is not None:
+                    cluster.call(actor, "run_ahead", ahead)
         except Exception as error:  # noqa: BLE001 - a spare that cannot start is left out, not fatal
             if not self._closed.is_set():  # else the group was shut down meanwhile and killed it
                 logger.warning("raydist: a new spare worker could not start in bundle %d: %s", seat.bundle, error)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, FrozenSet, Mapping
 import ray
 import ray.cloudpickle
 
+from raydist.core.environment import TORCHRUN_ENV_VARS
 from raydist.pool.ray_private import ACTOR_NAME_TOKEN
 from raydist.pool.records import INLINE_CALL_BYTES, Outcome, Placement, WorkerEvidence, WorkerInfo, WorkerSpec
 from raydist.pool.rules.hangs import mark_failed, needs_attribution
@@ -28,6 +29,7 @@ from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_
 from raydist.pool.worker.group_refs import GroupRefs
 from raydist.pool.worker.markers import marks_output
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
+from raydist.pool.worker.run_ahead import RunAhead
 
 # The driver imports this module to define the actor; torch (the core) is
 # imported only inside the actor's methods, so a driver never loads it.
@@ -145,6 +147,16 @@ def _spanned(name: str, cat: str) -> Callable[[Callable[..., Any]], Callable[...
     return wrap
 
 
+def _pin_device(device_type: str) -> None:
+    """Make this process's device (``RAYDIST_DEVICE_INDEX``) current in the calling thread."""
+    from raydist.core.devices import is_device_available, is_indexed, set_device
+    from raydist.core.environment import DEVICE_INDEX_VAR
+
+    index = os.environ.get(DEVICE_INDEX_VAR)
+    if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
+        set_device(f"{device_type}:{index}")
+
+
 class RayWorker:
     """One rank. Created inside its placement-group bundle by WorkerGroup."""
 
@@ -161,6 +173,8 @@ class RayWorker:
         self._store: Any = None  # rank 0: the rendezvous store on MASTER_PORT, held for the world's life
         self._last_call = b""  # the last small call: execute() without one runs it again
         self._probed_device = "cpu"  # the device the pre-flight probes run on (probe_ready)
+        self._device_type = "cpu"  # the kind of device this process pins (stand_by, setup)
+        self._ahead: Optional[RunAhead] = None  # the call run ahead to its load_state (run_ahead)
 
     def __repr__(self) -> str:
         return f"rank={self._worker.rank}" if self._worker else "raydist worker"
@@ -197,7 +211,9 @@ class RayWorker:
         from raydist.core.initialize import init_distributed
         from raydist.pool.worker.object_store import RayObjectStoreTransport
 
-        self._worker = spec.worker
+        if self._ahead is not None:
+            self._ahead.settle()  # the function run ahead sees no launcher environment before its load_state
+        self._worker, self._device_type = spec.worker, spec.device_type
         for stream in (sys.stdout, sys.stderr):
             print(f"{ACTOR_NAME_TOKEN}rank={spec.worker.rank}", file=stream, flush=True)
         os.environ.update(spec.env)
@@ -258,10 +274,14 @@ class RayWorker:
         """Run ``fn(*args, **kwargs)`` pickled as one blob by the driver (None: the last small one again)."""
         started, call = time.time(), self._last_call if call is None else call
         self._last_call = call if len(call) <= INLINE_CALL_BYTES else b""  # unpickled afresh each time
+        ahead, self._ahead = self._ahead, None
         try:
-            fn, args, kwargs = ray.cloudpickle.loads(call)
-            with user_code_interruptible():  # a forwarded SIGINT: KeyboardInterrupt here, death elsewhere
-                value = fn(*args, **kwargs)
+            if ahead is not None and ahead.release(call):
+                value = self._go_on(ahead, call)
+            else:
+                fn, args, kwargs = ray.cloudpickle.loads(call)
+                with user_code_interruptible():  # a forwarded SIGINT: KeyboardInterrupt here, death elsewhere
+                    value = fn(*args, **kwargs)
             state_client.flush()  # the last saved step reaches its holders before the call ends
             self._returned_type = f"{type(value).__module__}.{type(value).__qualname__}"
             outcome = Outcome(value=value)
@@ -277,6 +297,31 @@ class RayWorker:
             datasets.end_call()  # this call's dataset shards go with it
         self._created_groups.release()  # a failed call's wait for teardown, which shuts their connections first
         return outcome
+
+    def _go_on(self, ahead: RunAhead, call: bytes) -> Any:
+        """The value of the function run ahead, gone on from its load_state; run
+        from the top when it ended before (it raised without its rank)."""
+        with user_code_interruptible():
+            ahead.join()
+            if not ahead.passed:
+                fn, args, kwargs = ray.cloudpickle.loads(call)
+                return fn(*args, **kwargs)
+        if ahead.error is not None:
+            raise ahead.error
+        return ahead.value
+
+    def run_ahead(self, call: bytes) -> None:
+        """Start ``call``'s function in a thread, to park at its first ``load_state``
+        until the process runs the same call in a world (``run_ahead``). A kept
+        process, between its teardown and its next world, drops its old
+        launcher environment first: the function must not read the old rank."""
+        if self._ahead is not None:
+            self._ahead.discard()
+        if self._worker is not None:
+            for name in TORCHRUN_ENV_VARS:
+                os.environ.pop(name, None)
+        self._ahead = RunAhead(call, ray.cloudpickle.loads, functools.partial(_pin_device, self._device_type))
+        self._ahead.start()
 
     def set_dataset_shards(self, iterators: Mapping[str, Any]) -> None:
         """The next call's Ray Data iterators (queued just before it)."""
@@ -315,13 +360,10 @@ class RayWorker:
             pass
 
         from raydist.core import collectives  # noqa: F401
-        from raydist.core.devices import is_device_available, is_indexed, set_device
-        from raydist.core.environment import DEVICE_INDEX_VAR
 
         os.environ.update(env)
-        index = env.get(DEVICE_INDEX_VAR)
-        if index is not None and is_indexed(device_type) and is_device_available(device_type)[0]:
-            set_device(f"{device_type}:{index}")
+        self._device_type = device_type
+        _pin_device(device_type)
         return os.getpid()
 
     def probe_ready(self, env: Mapping[str, str], device_type: str) -> str:

@@ -99,6 +99,10 @@ FIELD_ROWS: Dict[str, List[Row]] = {
     "shutdown_timeout": [({"shutdown_timeout": math.inf}, ValueError, "shutdown_timeout")],
     "restart_mode": [({"restart_mode": "lukewarm"}, ValueError, "restart_mode")],
     "spare_workers": [({"spare_workers": -1}, ValueError, "spare_workers")],
+    "run_ahead": [
+        ({"run_ahead": True, "restart_mode": "fresh"}, ValueError, "run_ahead readies the processes of a warm restart"),
+        ({"run_ahead": 1}, TypeError, "run_ahead"),
+    ],
     "survivor_timeout": [({"survivor_timeout": 0}, ValueError, "survivor_timeout")],
     "state_dir": [
         ({"state_dir": 3}, TypeError, "state_dir"),
@@ -136,7 +140,7 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     ],
     "--straggler-action": [
         (["--straggler-action", "evict"], "--straggler-action"),
-        (["--straggler-action", "replace"], "--straggler-action='replace' puts a spare in a straggler's place"),
+        (["--straggler-action", "replace"], "--straggler-action replace puts a spare in a straggler's place"),
     ],
     "--straggler-threshold": [(["--straggler-threshold", "0"], "--straggler-threshold")],
     "--straggler-windows": [(["--straggler-windows", "0"], "--straggler-windows")],
@@ -165,6 +169,7 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--shutdown-timeout": [(["--shutdown-timeout", "nan"], "--shutdown-timeout")],
     "--restart-mode": [(["--restart-mode", "lukewarm"], "--restart-mode")],
     "--spare-workers": [(["--spare-workers", "1", "--restart-mode", "fresh"], "--spare-workers")],
+    "--run-ahead": [(["--run-ahead"], "--run-ahead readies the processes of a warm restart: it needs --restart-mode warm")],
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
     "--state-dir": [(["--state-dir", __file__], "not a directory"), (["--state-dir", "nosuch://b/x"], "unknown scheme")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
