@@ -9,6 +9,7 @@ process, so code written for torchrun runs unchanged under raydist.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Mapping, Optional, Sequence
@@ -189,3 +190,21 @@ TORCHRUN_ENV_VARS: FrozenSet[str] = frozenset(
         rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr="", master_port=0, base_env={}
     )
 ) - frozenset(USER_DEFAULT_VARS)
+
+
+_ahead_of_rank = threading.local()  # per thread: a function run ahead of its process's rank (run_ahead)
+
+
+def run_ahead_of_rank(ahead: bool) -> None:
+    """Whether the calling thread runs a function before its process has a rank
+    (raydist's ``run_ahead``, up to the function's first ``load_state``)."""
+    _ahead_of_rank.on = ahead
+
+
+def check_rank_known(what: str) -> None:
+    """Raise where the calling thread runs ahead of its rank: ``what`` would read
+    a rank that is not there yet (a world of one), not fail."""
+    if getattr(_ahead_of_rank, "on", False):
+        raise RuntimeError(
+            f"{what} before load_state: this function runs ahead of its rank (run_ahead), which it has once load_state returns"
+        )

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from raydist.core.backend import TORCH_BACKEND, Backend, BackendEntry, backend_entry, load
 from raydist.core.devices import accelerator_type, device_type_of, is_device_available, is_indexed, set_device
-from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, has_rendezvous, is_using_distributed, read_world_info
+from raydist.core.environment import DEVICE_INDEX_VAR, WorldInfo, check_rank_known, has_rendezvous, is_using_distributed, read_world_info
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,7 @@ def get_context() -> DistInfo:
 
     Outside any launcher (world size 1) it is the single-process record.
     """
+    check_rank_known("raydist.get_context()")
     if _context is not None:
         return _context
     if is_using_distributed():

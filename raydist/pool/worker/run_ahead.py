@@ -21,6 +21,7 @@ import hashlib
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from raydist.core.environment import run_ahead_of_rank
 from raydist.core.state import set_load_gate
 
 Load = Callable[[bytes], Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]]  # a call's bytes -> (fn, args, kwargs)
@@ -62,6 +63,7 @@ class RunAhead:
         self._thread.start()
 
     def _run(self) -> None:
+        run_ahead_of_rank(True)  # raydist.get_context() raises until the load: no world of one made up
         try:
             self._pin()
             fn, args, kwargs = self._load(self._call)
@@ -82,6 +84,7 @@ class RunAhead:
         if self._discarded:
             raise Discarded("raydist: a function run ahead that is not used")
         self.passed = True
+        run_ahead_of_rank(False)
 
     def settle(self) -> None:
         """Return once the function parked at its ``load_state`` or ended: only then

@@ -139,3 +139,21 @@ def test_ctrl_c_while_the_main_thread_waits_is_raised_in_the_function() -> None:
     assert ahead.release(call)
     ahead.join()
     assert ahead.value == "interrupted"
+
+
+def test_the_rank_record_is_refused_until_load_state_returns() -> None:
+    def train() -> str:
+        try:
+            raydist.get_context()  # would be a made-up world of one: no rank yet
+        except RuntimeError as error:
+            refused = str(error)
+        raydist.load_state()
+        return refused if raydist.get_context().rank == 0 else "no"
+
+    call = pickled(train)
+    ahead = started(call)
+    assert ahead.release(call)
+    ahead.join()
+    assert ahead.value == (
+        "raydist.get_context() before load_state: this function runs ahead of its rank (run_ahead), which it has once load_state returns"
+    )
