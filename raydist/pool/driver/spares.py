@@ -10,7 +10,8 @@ ready (or could not start within ``startup_timeout``). The thread first waits
 ``REFILL_DELAY_S``, its bundle reserved: a new spare's start (Ray's worker,
 torch's imports: about 5 CPU-seconds) would otherwise compete with the new
 world's own first seconds (its model build, state load, first step) on the
-node's cores.
+node's cores. With ``run_ahead``, a spare that stood by is told the run's
+call, which it runs up to its first ``load_state`` (``worker.run_ahead``).
 """
 
 from __future__ import annotations
