@@ -136,7 +136,7 @@ def _wait_until(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)  # polling files the ranks write, with a deadline
 
 
-def node_loss(cluster: Any, mb: int, store_gib: float, marks: str, spares: int = 0) -> Measured:
+def node_loss(cluster: Any, mb: int, store_gib: float, marks: str, spares: int = 0, run_ahead: bool = False) -> Measured:
     """4 ranks, two per node (SPREAD); at the fault's step the node with two
     ranks that is not the driver's is removed, and the run restarts warm.
     Without ``spares`` a third node (as big) joins just before the loss and
@@ -155,6 +155,7 @@ def node_loss(cluster: Any, mb: int, store_gib: float, marks: str, spares: int =
     def target() -> None:
         try:
             options: Dict[str, Any] = {"num_workers": 4, "max_restarts": 1, "placement_strategy": "SPREAD", "spare_workers": spares}
+            options["run_ahead"] = run_ahead
             raydist.run(recover, args=(mb, STEPS, FAULT_AT, marks), kwargs={"keep_node": head}, **options)
         except BaseException as error:  # noqa: BLE001 - raised below, in the driver's thread
             outcome["error"] = error
@@ -200,10 +201,11 @@ CRASHES = [
     ("crash, no spare", {}, False),
     ("fresh + torch.load", {"restart_mode": "fresh"}, True),
 ]
-NODE_LOSS = {  # spares -> label; each case leaves the cluster with two nodes, as it found it
-    2: "node lost (2 of 4 ranks), warm, 2 spares on a third node",
-    0: "node lost (2 of 4 ranks), warm, new processes on a third node",
-}
+NODE_LOSS = [  # (label, spares, run_ahead); each case leaves the cluster with two nodes, as it found it
+    ("node lost (2 of 4 ranks), warm, 2 spares on a third node", 2, False),
+    ("node lost (2 of 4 ranks), warm, 2 spares on a third node, run_ahead", 2, True),
+    ("node lost (2 of 4 ranks), warm, new processes on a third node", 0, False),
+]
 
 
 def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False) -> List[str]:
@@ -221,9 +223,9 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
         raydist.run(recover, args=args, num_workers=4, max_restarts=1, **options)  # type: ignore[arg-type]
         measured.append((label, _recovery_seconds(marks)))
     if not shared:  # last of raydist's: they leave the cluster with a new node instead of the lost one
-        for spares, label in NODE_LOSS.items():
+        for label, spares, ahead in NODE_LOSS:
             folders.append(tempfile.mkdtemp())
-            measured.insert(len(measured) - 1, (label, node_loss(cluster, mb, store_gib, folders[-1], spares)))
+            measured.insert(len(measured) - 1, (label, node_loss(cluster, mb, store_gib, folders[-1], spares, ahead)))
     folders.append(tempfile.mkdtemp())
     measured.append(("torchrun --max-restarts 1 + torch.load", torchrun(mb, folders[-1], shared)))
     for folder in folders:
