@@ -208,10 +208,31 @@ NODE_LOSS = [  # (label, spares, run_ahead); each case leaves the cluster with t
 ]
 
 
-def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False) -> List[str]:
-    """One row per case: seconds, the step resumed after, and torchrun's time over
-    the case's. ``shared``: the model and optimizer saved as shared state, and only
-    the crashes with a spare (and torchrun, the anchor)."""
+def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False, reps: int = 1) -> List[str]:
+    """One row per case: seconds (the median of ``reps`` rounds, the cases
+    interleaved, and the range), the step resumed after, torchrun's median over
+    the case's, and the split of the median round. ``shared``: the model and
+    optimizer saved as shared state, and only the crashes with a spare (and
+    torchrun, the anchor)."""
+    rounds: Dict[str, List[Measured]] = {}
+    for _ in range(reps):
+        for label, measured in _one_round(mb, cluster, store_gib, shared):
+            rounds.setdefault(label, []).append(measured)
+    medians = {label: sorted(samples)[(len(samples) - 1) // 2] for label, samples in rounds.items()}
+    anchor = medians[TORCHRUN][0]
+    rows = []
+    for label, samples in rounds.items():
+        seconds, start, split = medians[label]
+        spread = f" ({min(s[0] for s in samples):.2f}-{max(s[0] for s in samples):.2f})" if reps > 1 else ""
+        rows.append(f"| {label} | {seconds:.2f}{spread} | {start} | {anchor / seconds:.1f}x | {split} |")
+    return rows
+
+
+TORCHRUN = "torchrun --max-restarts 1 + torch.load"
+
+
+def _one_round(mb: int, cluster: Any, store_gib: float, shared: bool) -> List[Tuple[str, Measured]]:
+    """Every case once, in the table's order."""
     import shutil
 
     measured: List[Tuple[str, Measured]] = []
@@ -227,8 +248,7 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
             folders.append(tempfile.mkdtemp())
             measured.insert(len(measured) - 1, (label, node_loss(cluster, mb, store_gib, folders[-1], spares, ahead)))
     folders.append(tempfile.mkdtemp())
-    measured.append(("torchrun --max-restarts 1 + torch.load", torchrun(mb, folders[-1], shared)))
+    measured.append((TORCHRUN, torchrun(mb, folders[-1], shared)))
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
-    anchor = measured[-1][1][0]
-    return [f"| {label} | {seconds:.2f} | {start} | {anchor / seconds:.1f}x | {split} |" for label, (seconds, start, split) in measured]
+    return measured
