@@ -29,7 +29,7 @@ object store ``--store-gib`` (3 GiB).
 * ``--shared``: the model and optimizer saved as shared state (DDP's case:
   one copy per node) against torch.save by rank 0 alone; save_state(shared)
   and torch.save in the save table, every 10 steps in the overhead table,
-  the crash with a spare (and torchrun) in the recovery table. It is how a
+  the crashes with a spare (and torchrun) in the recovery table. It is how a
   state of ``--mb 1000`` fits a small machine (``--store-gib 4``): per rank
   it would take 1 GB x 4 ranks x 2 places x 2 steps of object store.
 
