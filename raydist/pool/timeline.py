@@ -32,6 +32,7 @@ CATEGORIES = (
     "start",  # a worker process starting (spawn, imports) until it reports where it runs
     "init",  # the launcher environment and the process group
     "call",  # a call of the user's function (or script) on a rank
+    "ahead",  # the call run ahead to its load_state before the process had its rank (run_ahead)
     "state",  # save_state / load_state
     "data",  # waiting for a batch of a Ray Data shard
     "collective",  # a collective, from the flight recorder

@@ -119,6 +119,8 @@ def test_a_crashed_rank_resumes_bit_identical(reference: List[Dict[str, Any]], o
     ahead = sorted(b["pid"] for b in read_marks(builds, "build-*.json") if b["rank"] is None)
     if options.get("run_ahead"):  # every rank of attempt 1 went on from a model built ahead, before it had a rank
         assert ahead == sorted(r["pid"] for r in results), ahead
+        spans = [e for e in json.loads(timeline.read_text()) if e.get("cat") == "ahead"]
+        assert sorted(e["args"]["rank"] for e in spans if e["args"]["attempt"] == 1) == [0, 1, 2, 3], spans
     else:
         assert ahead == []
     check_timeline(json.loads(timeline.read_text()), crashed=2, spare="spare_workers" in options)

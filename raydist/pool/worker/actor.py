@@ -306,6 +306,7 @@ class RayWorker:
             if not ahead.passed:
                 fn, args, kwargs = ray.cloudpickle.loads(call)
                 return fn(*args, **kwargs)
+        SPANS.add("run ahead", "ahead", ahead.started_at, ahead.parked_at, pid=os.getpid())  # (the timeline is on by now)
         if ahead.error is not None:
             raise ahead.error
         return ahead.value

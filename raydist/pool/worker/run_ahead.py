@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from raydist.core.environment import run_ahead_of_rank
@@ -54,12 +55,14 @@ class RunAhead:
         self._reached = threading.Event()  # parked at its load_state, or ended before it
         self.passed = False  # went on from its load_state in a world: what it ends with is the rank's
         self.ended = threading.Event()
+        self.started_at = self.parked_at = 0.0  # epoch seconds: the function's start, its park in load_state
         self.value: Any = None
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="raydist-run-ahead", daemon=True)
 
     def start(self) -> None:
         set_load_gate(self._gate)
+        self.started_at = time.time()
         self._thread.start()
 
     def _run(self) -> None:
@@ -79,6 +82,7 @@ class RunAhead:
         """``load_state``'s first step: this thread's first one parks until released (or discarded)."""
         if threading.current_thread() is not self._thread or self.passed:
             return
+        self.parked_at = time.time()
         self._reached.set()
         self._released.wait()
         if self._discarded:
