@@ -293,6 +293,8 @@ def changed_while_copied(megabytes: int) -> Dict[str, Any]:
         optimizer.zero_grad()
         saved[step] = digest(model, optimizer)
         raydist.save_state(step, model=model, optimizer=optimizer)
+        if step == 0:  # step 1 is then sent for sure (a step saved while another is on its way out is not)
+            raydist.wait_committed()
         if step == 1 and rank == 1:
             with torch.no_grad():
                 model.weight.add_(1.0)  # not the optimizer's step: nothing waits for the copy
