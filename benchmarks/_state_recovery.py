@@ -14,7 +14,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+import types
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -73,11 +74,33 @@ def _fault(marks: str, rank: int, keep_node: str) -> None:
         os._exit(1)
 
 
-def recover(mb: int, steps: int, crash_at: int, marks: str, disk: Optional[str] = None, shared: bool = False, keep_node: str = "") -> None:
+def imports(seconds: float) -> None:
+    """What a script's heavy imports cost (a library such as transformers): ``seconds``
+    of CPU the first time in a process, nothing after (the modules stay imported)."""
+    if seconds and HEAVY_MODULE not in sys.modules:
+        busy(seconds * 1000)
+        sys.modules[HEAVY_MODULE] = types.ModuleType(HEAVY_MODULE)
+
+
+HEAVY_MODULE = "raydist_benchmark_heavy_imports"
+
+
+def recover(
+    mb: int,
+    steps: int,
+    crash_at: int,
+    marks: str,
+    disk: Optional[str] = None,
+    shared: bool = False,
+    keep_node: str = "",
+    imports_s: float = 0.0,
+) -> None:
     """Train, saving every step; attempt 0 fails at ``crash_at`` (``_fault``); rank 0
     of the next attempt writes when its first step after loading ended. ``disk``:
-    torch.save/torch.load instead (``shared``: rank 0 saves one file, every rank loads it)."""
+    torch.save/torch.load instead (``shared``: rank 0 saves one file, every rank loads it);
+    ``imports_s``: the function's imports cost that much in a new process (``imports``)."""
     entered = time.time()
+    imports(imports_s)
     model, optimizer = build(mb)  # before anything needs the rank: with run_ahead, a process waits in load_state with this done
     built = time.time()
     path = ""
@@ -195,11 +218,15 @@ def torchrun(mb: int, marks: str, shared: bool) -> Measured:
     return _recovery_seconds(marks)
 
 
-CRASHES = [
-    ("crash, spare", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}, False),
-    ("crash, spare, run_ahead", {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}, "run_ahead": True}, False),
-    ("crash, no spare", {}, False),
-    ("fresh + torch.load", {"restart_mode": "fresh"}, True),
+SPARE: Dict[str, Any] = {"spare_workers": 1, "resources_per_worker": {"CPU": 0.5}}
+IMPORTS_S = 2.0  # the "2 s of imports" cases: a heavy library, paid once per process
+CRASHES = [  # (label, options, on disk, the function's imports in a new process)
+    ("crash, spare", SPARE, False, 0.0),
+    ("crash, spare, run_ahead", {**SPARE, "run_ahead": True}, False, 0.0),
+    (f"crash, spare, {IMPORTS_S:g} s of imports", SPARE, False, IMPORTS_S),
+    (f"crash, spare, {IMPORTS_S:g} s of imports, run_ahead", {**SPARE, "run_ahead": True}, False, IMPORTS_S),
+    ("crash, no spare", {}, False, 0.0),
+    ("fresh + torch.load", {"restart_mode": "fresh"}, True, 0.0),
 ]
 NODE_LOSS = [  # (label, spares, run_ahead); each case leaves the cluster with two nodes, as it found it
     ("node lost (2 of 4 ranks), warm, 2 spares on a third node", 2, False),
@@ -208,15 +235,18 @@ NODE_LOSS = [  # (label, spares, run_ahead); each case leaves the cluster with t
 ]
 
 
-def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False, reps: int = 1) -> List[str]:
+def recovery_table(
+    mb: int, cluster: Any, store_gib: float, shared: bool = False, reps: int = 1, cases: Optional[Sequence[str]] = None
+) -> List[str]:
     """One row per case: seconds (the median of ``reps`` rounds, the cases
     interleaved, and the range), the step resumed after, torchrun's median over
     the case's, and the split of the median round. ``shared``: the model and
-    optimizer saved as shared state, and only the crashes with a spare (and
-    torchrun, the anchor)."""
+    optimizer saved as shared state, and only the first two crashes with a spare
+    (and torchrun, the anchor). ``cases``: only those whose label holds one of
+    these (torchrun always)."""
     rounds: Dict[str, List[Measured]] = {}
     for _ in range(reps):
-        for label, measured in _one_round(mb, cluster, store_gib, shared):
+        for label, measured in _one_round(mb, cluster, store_gib, shared, cases):
             rounds.setdefault(label, []).append(measured)
     medians = {label: sorted(samples)[(len(samples) - 1) // 2] for label, samples in rounds.items()}
     anchor = medians[TORCHRUN][0]
@@ -231,20 +261,25 @@ def recovery_table(mb: int, cluster: Any, store_gib: float, shared: bool = False
 TORCHRUN = "torchrun --max-restarts 1 + torch.load"
 
 
-def _one_round(mb: int, cluster: Any, store_gib: float, shared: bool) -> List[Tuple[str, Measured]]:
+def _one_round(mb: int, cluster: Any, store_gib: float, shared: bool, cases: Optional[Sequence[str]]) -> List[Tuple[str, Measured]]:
     """Every case once, in the table's order."""
     import shutil
 
+    chosen = lambda label: cases is None or any(case in label for case in cases)  # noqa: E731
     measured: List[Tuple[str, Measured]] = []
     folders = []
-    for label, options, disk in CRASHES[:2] if shared else CRASHES:
+    for label, options, disk, imports_s in CRASHES[:2] if shared else CRASHES:
+        if not chosen(label):
+            continue
         folders.append(tempfile.mkdtemp())
         marks = folders[-1]
         args = (mb, STEPS, FAULT_AT, marks, marks if disk else None, shared)
-        raydist.run(recover, args=args, num_workers=4, max_restarts=1, **options)  # type: ignore[arg-type]
+        raydist.run(recover, args=args, kwargs={"imports_s": imports_s}, num_workers=4, max_restarts=1, **options)  # type: ignore[arg-type]
         measured.append((label, _recovery_seconds(marks)))
     if not shared:  # last of raydist's: they leave the cluster with a new node instead of the lost one
         for label, spares, ahead in NODE_LOSS:
+            if not chosen(label):
+                continue
             folders.append(tempfile.mkdtemp())
             measured.insert(len(measured) - 1, (label, node_loss(cluster, mb, store_gib, folders[-1], spares, ahead)))
     folders.append(tempfile.mkdtemp())

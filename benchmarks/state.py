@@ -33,7 +33,7 @@ object store ``--store-gib`` (3 GiB).
   state of ``--mb 1000`` fits a small machine (``--store-gib 4``): per rank
   it would take 1 GB x 4 ranks x 2 places x 2 steps of object store.
 
-    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick] [--idle-steps] [--reps N]
+    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick] [--idle-steps] [--reps N] [--cases TEXT,...]
     python benchmarks/state.py --mb 1000 --shared --store-gib 4
 """
 
@@ -259,7 +259,8 @@ def print_recovery(options: argparse.Namespace, cluster: Any) -> None:
         f"\n## failure -> first step with the state restored (rank 0), {_what(options)}{where}\n\n"
         "| case | seconds (median, range) | resumed after step | faster than torchrun | to the function / build / load / first step (s) |\n|---|---|---|---|---|"
     )
-    for row in recovery_table(options.mb, cluster, options.store_gib, options.shared, options.reps):
+    cases = options.cases.split(",") if options.cases else None
+    for row in recovery_table(options.mb, cluster, options.store_gib, options.shared, options.reps, cases):
         print(row, flush=True)
 
 
@@ -271,6 +272,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--parts", default="save,overhead,recovery", help="which tables, comma-separated")
     parser.add_argument("--reps", type=int, default=1, help="recovery: rounds of every case, interleaved (medians)")
+    parser.add_argument("--cases", default="", help="recovery: only the cases whose label holds one of these, comma-separated")
     parser.add_argument("--store-gib", type=float, default=3.0, help="object store per simulated node")
     parser.add_argument("--shared", action="store_true", help="save the model and optimizer as shared state (DDP's case) only")
     parser.add_argument(
