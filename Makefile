@@ -79,9 +79,11 @@ test: install-test
 # races that a short run would miss; the behaviours `make test` checks
 # once, again through their other entry points, shapes and examples; and
 # the live tests whose behaviour `make test` shows through another (each
-# names it). In two processes, as the live tier of `make test`.
+# names it). In two processes, as the live tier of `make test`. A test still
+# running after 200 s prints every thread's stack (and goes on): a process
+# lost to its timeout under xdist says nothing of where it waited.
 soak: install-test horovod
-	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
+	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
 
 # The GPU tier (tests/gpu), on a machine with a CUDA GPU; elsewhere every test
 # is skipped, saying why. Not part of `make test`. It installs nothing and needs
