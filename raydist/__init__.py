@@ -36,6 +36,7 @@ _EXPORTS = {
     "load_state": "raydist.core.state",
     "wait_committed": "raydist.core.state",
     "StateSizeError": "raydist.core.state",
+    "DistributedSampler": "raydist.core.sampler",
     # The pool: Ray.
     "run": "raydist.api",
     "WorkerGroup": "raydist.pool.driver.group",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from raydist.core.environment import is_using_distributed, is_using_horovod, read_world_info, torchrun_env
     from raydist.core.initialize import DistInfo, get_context, init_distributed, shutdown
     from raydist.core.preemption import preemption_requested
+    from raydist.core.sampler import DistributedSampler
     from raydist.core.state import StateSizeError, load_state, save_state, wait_committed
     from raydist.errors import (
         InfeasibleResourcesError,
