@@ -129,6 +129,8 @@ class RunController:
     def send(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
         """Send ``call`` to the current world's ranks (queued in the same order
         on every rank); a call sent during a restart runs in the next world."""
+        if data is not None:
+            data.read()
         future = self._ask(Submit(call, data))
         if future is None:
             raise WorkerGroupClosed(CLOSED)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raydist.pool.cluster.seam import Cluster
 from raydist.pool.driver.attempt import Attempt
@@ -25,6 +25,8 @@ from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus
 __all__ = ["DATASETS", "CallData", "OpenSplits", "WorldSplit", "check_datasets", "warn_without_cpus"]
 
 logger = logging.getLogger("raydist")
+
+Block = Tuple[Any, int, int]  # a block's ref, its first row read, the rows read
 
 DATASETS = "datasets"  # the name an attempt's open splits are attached under
 
@@ -37,6 +39,47 @@ class CallData:
 
     datasets: Mapping[str, Any]
     config: DataConfig = field(default_factory=DataConfig)
+    blocks: "ReadBlocks" = field(default_factory=lambda: ReadBlocks())
+
+    def streams(self) -> bool:
+        """Whether some dataset is read as the ranks go (Ray Data's tasks then run beside them)."""
+        return not self.config.exactly_once or len(split_names(list(self.datasets), self.config)) < len(self.datasets)
+
+    def read(self) -> None:
+        """Read each ``exactly_once`` dataset into blocks, once (in the caller's
+        thread as the call is sent: the run's loop never waits for Ray Data)."""
+        if self.config.exactly_once:
+            for name in split_names(list(self.datasets), self.config):
+                self.blocks.of(name, self.datasets[name])
+
+
+class ReadBlocks:
+    """Each ``exactly_once`` dataset read into blocks once for its call (every
+    attempt reads the same blocks, so a position means the same rows): Arrow
+    tables in Ray's object store, held by the driver, with their row counts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read: Dict[str, List[Block]] = {}
+
+    def of(self, name: str, dataset: Any) -> List[Block]:
+        with self._lock:
+            if name not in self._read:
+                self._read[name] = _read_blocks(dataset)
+            return self._read[name]
+
+
+def _read_blocks(dataset: Any) -> List[Block]:
+    """The dataset's blocks in order, each as (ref, first row, rows): Ray Data's
+    bundles may hold a slice of a block."""
+    blocks: List[Block] = []
+    for bundle in dataset.materialize().iter_internal_ref_bundles():
+        cuts = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
+        for entry, cut in zip(bundle.blocks, cuts):
+            ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # a pair before Ray 2.5x
+            first, stop = (cut.start_offset, cut.end_offset) if cut is not None else (0, meta.num_rows)
+            blocks.append((ref, first, stop - first))
+    return blocks
 
 
 def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None) -> Optional[CallData]:
@@ -105,12 +148,13 @@ class OpenSplits:
         split = set(split_names(list(data.datasets), data.config))
         try:
             for name, dataset in data.datasets.items():
-                iterators = (
-                    dataset.streaming_split(len(workers), equal=data.config.equal, locality_hints=hints)
-                    if name in split
-                    else [dataset.iterator()] * len(workers)
-                )
-                coordinators.extend(_coordinator_of(iterators) if name in split else [])
+                if name in split and data.config.exactly_once:
+                    iterators = positional_shards(name, data.blocks.of(name, dataset), len(workers), data.config)
+                elif name in split:
+                    iterators = dataset.streaming_split(len(workers), equal=data.config.equal, locality_hints=hints)
+                    coordinators.extend(_coordinator_of(iterators))
+                else:
+                    iterators = [dataset.iterator()] * len(workers)
                 for rank, iterator in enumerate(iterators):
                     per_rank[rank][name] = iterator
         except BaseException:
@@ -146,6 +190,13 @@ def warn_without_cpus(cluster: Cluster, held: Mapping[str, Mapping[str, float]],
         logger.warning(warning)
 
 
+def positional_shards(name: str, blocks: List[Block], world_size: int, config: DataConfig) -> List[Any]:
+    """Each rank's shard of an ``exactly_once`` dataset, read from position 0 (``load_state`` moves it)."""
+    from raydist.pool.worker.positional import PositionalShard
+
+    return [PositionalShard(blocks, name, rank, world_size, config.shuffle, config.seed) for rank in range(world_size)]
+
+
 def _coordinator_of(iterators: Sequence[Any]) -> List[Any]:
     """The split's ``SplitCoordinator`` actor: Ray Data has no public call to
     stop a split (its coordinator otherwise lives as long as the driver)."""
@@ -166,7 +217,8 @@ def split_for_world(
         return None
     splits = attempt.attached(DATASETS)
     if not isinstance(splits, OpenSplits):
-        warn_without_cpus(cluster, held(), attempt.size)  # once per attempt
+        if data.streams():  # an exactly_once dataset was read as the call was sent
+            warn_without_cpus(cluster, held(), attempt.size)  # once per attempt
         splits = OpenSplits(cluster)
         attach(DATASETS, splits)
     return splits.open(data, attempt.workers, attempt.actors)

@@ -18,10 +18,21 @@ class DataConfig:
     ``world_size - 1`` rows of an epoch dropped), so that the equal-batch
     iterator gives every rank the same number of batches; ``False`` takes
     every row (evaluation), and ranks may then get different batch counts.
+
+    ``exactly_once``: each split dataset is read into blocks once per call
+    and each rank reads its rows by position, so its shard, given to
+    ``save_state`` (shared) and ``load_state``, resumes an epoch where the
+    last committed step left it, in a world of any size: the committed steps
+    read every row of every epoch exactly once, none dropped to even the
+    ranks. ``shuffle`` / ``seed`` then order each epoch (runs of rows
+    shuffled, and the rows within them; the same seed, the same order).
     """
 
     datasets_to_split: Union[str, Tuple[str, ...]] = "all"
     equal: bool = True
+    exactly_once: bool = False
+    shuffle: bool = False
+    seed: int = 0
 
     def __post_init__(self) -> None:
         names = self.datasets_to_split
@@ -32,8 +43,18 @@ class DataConfig:
             if not isinstance(names, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in names):
                 raise TypeError(f"datasets_to_split must be 'all' or a list of dataset names, got {names!r}")
             object.__setattr__(self, "datasets_to_split", tuple(names))
-        if not isinstance(self.equal, bool):
-            raise TypeError(f"equal must be True or False, got {self.equal!r}")
+        for flag in ("equal", "exactly_once", "shuffle"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise TypeError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.exactly_once and not self.equal:
+            raise ValueError("exactly_once reads every row and gives every rank as many batches: equal=False does not apply")
+        if (self.shuffle or self.seed) and not self.exactly_once:
+            raise ValueError(
+                "shuffle and seed order the epochs of an exactly_once dataset (DataConfig(exactly_once=True, shuffle=True)); "
+                "otherwise shuffle the dataset itself (ds.random_shuffle(), or iter_batches(local_shuffle_buffer_size=...))"
+            )
 
 
 def check_dataset_names(datasets: Mapping[Any, Any], config: DataConfig) -> None:

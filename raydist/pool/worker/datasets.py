@@ -17,7 +17,7 @@ from raydist.pool.rules.batches import rechunk
 from raydist.pool.rules.datasets import no_cpu_ever_for_data
 from raydist.pool.worker.metrics import data_waited
 
-__all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset"]
+__all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset", "timed"]
 
 _shards: Dict[str, "DatasetShard"] = {}
 _coordinators: List[Any] = []  # split coordinators this rank made in split_dataset during the call
@@ -51,7 +51,7 @@ class DatasetShard:
                 raise RuntimeError(never)
             self.checked = True
         batches = self.iterator.iter_batches(batch_size=batch_size, drop_last=False if batch_size else drop_last, **options)
-        return _timed(batches if batch_size is None else rechunk(batches, batch_size, drop_last), self.name)
+        return timed(batches if batch_size is None else rechunk(batches, batch_size, drop_last), self.name)
 
     def iter_torch_batches(
         self,
@@ -78,7 +78,7 @@ class DatasetShard:
                 yield _tensor(batch, dtypes, target)
 
 
-def _timed(batches: Iterable[Any], name: str) -> Iterator[Any]:
+def timed(batches: Iterable[Any], name: str) -> Iterator[Any]:
     """``batches``, each wait for the next one recorded (the run's summary and timeline)."""
     iterator = iter(batches)
     while True:
@@ -106,13 +106,16 @@ def _rank_device() -> Any:
 def _tensor(array: Any, dtype: Any, device: Any) -> Any:
     import torch
 
+    if not getattr(getattr(array, "flags", None), "writeable", True):
+        array = array.copy()  # a read-only view of Arrow's buffers (exactly_once shards): torch needs its own
+
     return torch.as_tensor(array, dtype=dtype, device=device)
 
 
 def set_shards(iterators: Mapping[str, Any]) -> None:
-    """This call's iterators, by dataset name (sent by the driver before the call)."""
+    """This call's iterators (or whole shards: ``PositionalShard``), by dataset name (sent by the driver before the call)."""
     _shards.clear()
-    _shards.update({name: DatasetShard(iterator, name) for name, iterator in iterators.items()})
+    _shards.update({name: it if isinstance(it, DatasetShard) else DatasetShard(it, name) for name, it in iterators.items()})
 
 
 def end_call() -> None:

@@ -66,6 +66,18 @@ def test_which_datasets_are_split() -> None:
         DataConfig(equal=1)  # type: ignore[arg-type]
 
 
+def test_an_exactly_once_config_refuses_what_cannot_apply_to_it() -> None:
+    with pytest.raises(ValueError, match="equal=False does not apply"):
+        DataConfig(exactly_once=True, equal=False)
+    with pytest.raises(ValueError, match=r"ds.random_shuffle\(\)"):
+        DataConfig(shuffle=True)
+    with pytest.raises(TypeError, match="seed must be an int >= 0"):
+        DataConfig(exactly_once=True, seed=-1)
+    with pytest.raises(TypeError, match="exactly_once must be True or False"):
+        DataConfig(exactly_once="yes")  # type: ignore[arg-type]
+    assert DataConfig(exactly_once=True, shuffle=True, seed=3).seed == 3
+
+
 def test_no_warning_while_a_cpu_is_free_for_ray_data() -> None:
     assert no_cpus_for_data(free_cpus=1.0, total_cpus=4.0, group_cpus=2.0, workers=2) is None
     assert no_cpus_for_data(free_cpus=2.0, total_cpus=4.0, group_cpus=2.0, workers=2) is None

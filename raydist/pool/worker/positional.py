@@ -1,0 +1,148 @@
+"""A Ray Data shard whose place in the epoch is training state
+(``DataConfig(exactly_once=True)``).
+
+The dataset is read once into blocks the driver holds (Arrow tables in Ray's
+object store) for the whole call, its attempts included. An epoch's order
+is ``epoch_rows.ChunkedOrder`` of the rows (never of the blocks), so a
+position is an offset that means the same to every world. Each step takes
+the next ``world_size * batch_size`` positions, a run of ``batch_size`` per
+rank (a run touches one or two blocks); the last step of an epoch splits
+what is left evenly, an empty batch where a rank gets no row. Given to
+``save_state`` (shared) and ``load_state``, a shard resumes the epoch where
+the last committed step left it, in a world of any size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import accumulate
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from raydist.core.epoch_rows import ChunkedOrder, EpochPlan, Position, locate
+from raydist.pool.worker.datasets import DatasetShard, timed
+
+__all__ = ["PositionalShard"]
+
+CACHED_BLOCKS = 4  # a batch spans one or two runs of rows, each in one or two blocks
+UNSUPPORTED = ("local_shuffle_buffer_size", "local_shuffle_seed")
+
+
+def _arrow_block(ref: Any) -> Any:
+    """A block as an Arrow table (Ray Data may hold pandas blocks too)."""
+    import ray
+    from ray.data.block import BlockAccessor
+
+    return BlockAccessor.for_block(ray.get(ref)).to_arrow()
+
+
+class PositionalShard(DatasetShard):
+    """This rank's reading of a dataset in its epochs' order, from a position
+    that ``state_dict`` / ``load_state_dict`` carry across failures and world
+    sizes. ``epoch``: the epoch the next ``iter_batches`` reads."""
+
+    def __init__(
+        self,
+        blocks: Sequence[Tuple[Any, int, int]],
+        name: str,
+        rank: int,
+        world_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        fetch: Callable[[Any], Any] = _arrow_block,
+    ) -> None:
+        super().__init__(None, name, checked=True)
+        self.refs = [ref for ref, _, _ in blocks]
+        self.firsts = [first for _, first, _ in blocks]  # a block may be read from a row on (a slice)
+        counts = [count for _, _, count in blocks]
+        self.block_starts: List[int] = list(accumulate(counts, initial=0))[:-1]  # where each block's rows begin
+        self.rows = sum(counts)
+        self.rank, self.world_size, self.shuffle, self.seed = rank, world_size, shuffle, seed
+        self.fetch = fetch
+        self._at = Position(0, 0)
+        self._tables: "OrderedDict[int, Any]" = OrderedDict()
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise AttributeError(f"a shard read exactly once (DataConfig(exactly_once=True)) has no {attribute!r}: it reads with iter_batches / iter_torch_batches")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "_tables": OrderedDict()}  # blocks are fetched again where it is read
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def position(self) -> int:
+        """Rows of the current epoch's order consumed by the batches handed out."""
+        return self._at.offset
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads: the current one, or the next once it is read to its end."""
+        return self._at.epoch + 1 if self._at.offset >= self.rows else self._at.epoch
+
+    def iter_batches(self, *, batch_size: Optional[int] = 256, drop_last: bool = False, **options: Any) -> Iterator[Any]:
+        """One epoch's batches from the position (``batch_format`` as Ray's:
+        "numpy", "pandas" or "pyarrow"). ``drop_last``: stop before a last step
+        that cannot give every rank ``batch_size`` rows (its rows wait for no
+        later step: the epoch ends)."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"a shard read exactly once needs batch_size >= 1 (the position counts rows), got {batch_size!r}")
+        batch_format = options.pop("batch_format", "numpy")
+        options.pop("prefetch_batches", None)  # reads are local zero-copy gets: nothing to prefetch
+        refused = sorted(set(options) & set(UNSUPPORTED))
+        if refused:
+            raise ValueError(f"{', '.join(refused)}: a shard read exactly once keeps its own order; shuffle it with DataConfig(shuffle=True, seed=...)")
+        if options:
+            raise TypeError(f"iter_batches got options a shard read exactly once does not take: {', '.join(sorted(options))}")
+        return timed(self._batches(batch_size, drop_last, batch_format), self.name)
+
+    def _batches(self, batch_size: int, drop_last: bool, batch_format: str) -> Iterator[Any]:
+        epoch = self.epoch
+        offset = 0 if epoch != self._at.epoch else self._at.offset
+        plan = EpochPlan(self.rows, offset, self.world_size)
+        order = ChunkedOrder(self.rows, epoch, self.seed, self.shuffle)
+        steps = plan.remaining // (self.world_size * batch_size) if drop_last else plan.batches(batch_size)
+        self._at = Position(epoch, offset)
+        for step in range(steps):
+            span = plan.step_positions(self.rank, step, batch_size)
+            batch = self._read(order.rows_at(span.start, span.stop), batch_format)
+            self._at = Position(epoch, self.rows if step + 1 >= steps else plan.after(step + 1, batch_size))
+            yield batch  # the position already counts it: the loop holds it from here
+        self._at = Position(epoch, self.rows)
+
+    def _read(self, rows: Any, batch_format: str) -> Any:
+        """The rows (global indices, in order) as one batch."""
+        import numpy as np
+        import pyarrow as pa
+
+        blocks, local = locate(rows, self.block_starts)
+        parts = [self._table(int(block)).take(pa.array(local[blocks == block] + self.firsts[block])) for block in np.unique(blocks)]
+        table = pa.concat_tables(parts).take(pa.array(np.argsort(np.argsort(blocks, kind="stable")))) if parts else self._table(0).slice(0, 0)
+        if batch_format == "pyarrow":
+            return table
+        from ray.data.block import BlockAccessor
+
+        return BlockAccessor.for_block(table).to_batch_format(batch_format)
+
+    def _table(self, block: int) -> Any:
+        if block in self._tables:
+            self._tables.move_to_end(block)
+        else:
+            self._tables[block] = self.fetch(self.refs[block])
+            while len(self._tables) > CACHED_BLOCKS:
+                self._tables.popitem(last=False)
+        return self._tables[block]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The epoch and its rows consumed (the same on every rank: save it as shared state)."""
+        return {"epoch": self._at.epoch, "position": self._at.offset, "rows": self.rows, "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Go on from a saved position, in a world of any size; the dataset and its order must be the same."""
+        saved = (state["rows"], state["seed"], state["shuffle"])
+        if saved != (self.rows, self.seed, self.shuffle):
+            raise ValueError(
+                f"dataset {self.name!r}: the state was saved for {state['rows']} rows, seed {state['seed']}, shuffle={state['shuffle']}; "
+                f"this call's dataset has {self.rows} rows, seed {self.seed}, shuffle={self.shuffle}"
+            )
+        self._at = Position(int(state["epoch"]), int(state["position"]))
