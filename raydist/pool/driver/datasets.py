@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -71,9 +72,16 @@ class ReadBlocks:
 
 def _read_blocks(dataset: Any) -> List[Block]:
     """The dataset's blocks in order, each as (ref, first row, rows): Ray Data's
-    bundles may hold a slice of a block."""
+    bundles may hold a slice of a block. Read with Ray Data's ``preserve_order``
+    (on a copy: the user's dataset is left as it is), so the rows come in the
+    same order each time it is read (another call, another run resuming from
+    a ``state_dir``): a position then means the same rows."""
+    with warnings.catch_warnings():  # copying a context reads its deprecated fields
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ordered = type(dataset).copy(dataset, _deep_copy=True)
+    ordered.context.execution_options.preserve_order = True
     blocks: List[Block] = []
-    for bundle in dataset.materialize().iter_internal_ref_bundles():
+    for bundle in ordered.materialize().iter_internal_ref_bundles():
         cuts = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
         for entry, cut in zip(bundle.blocks, cuts):
             ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # a pair before Ray 2.5x
