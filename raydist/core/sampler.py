@@ -57,7 +57,9 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
         self._untracked = False  # iterated without track: the position cannot be known
 
     def __repr__(self) -> str:
-        return f"raydist.DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, epoch={self.epoch}, position={self.position})"
+        return (
+            f"raydist.DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, epoch={self.epoch}, position={self.position})"
+        )
 
     @property
     def position(self) -> int:
@@ -65,7 +67,7 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
         return self._consumed if self._consumed is not None else self._start
 
     def _rows(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset)  # type: ignore[arg-type]  # a map-style dataset, as torch's sampler requires
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads; a new epoch starts at its first row,
@@ -145,7 +147,7 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
 
 def _one_batch(loader: torch.utils.data.DataLoader) -> Any:
     """A batch of one row, a template for an empty one (this rank read no row)."""
-    return loader.collate_fn([loader.dataset[0]])  # type: ignore[index]
+    return loader.collate_fn([loader.dataset[0]])
 
 
 def _empty_like(batch: Any) -> Any:

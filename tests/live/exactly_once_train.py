@@ -120,7 +120,9 @@ def reference(source: str, rows: int, batch_size: int, epochs: int, world: int) 
         streams = [batches(source, rows, batch_size, epochs, shard) for shard in ranks]
     else:
         samplers = [DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=True, seed=0) for r in range(world)]
-        streams = [batches(source, rows, batch_size, epochs, (s, tud.DataLoader(dataset, batch_size=batch_size, sampler=s))) for s in samplers]
+        streams = [
+            batches(source, rows, batch_size, epochs, (s, tud.DataLoader(dataset, batch_size=batch_size, sampler=s))) for s in samplers
+        ]
     for step in zip(*streams):
         optimizer.zero_grad()
         for _, ids in step:

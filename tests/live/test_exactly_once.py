@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict
 
 import pytest
 import ray
@@ -49,7 +49,9 @@ def assert_each_row_once(log: Path, rows: int, epochs: int, why: str) -> None:
     for epoch in range(epochs):
         wrong = {row: n for row, n in counts[epoch].items() if n != 1}
         missing = rows - len(counts[epoch])
-        assert not wrong and not missing, f"{why}: epoch {epoch}: {missing} rows never read, read more than once: {dict(list(wrong.items())[:10])}"
+        assert not wrong and not missing, (
+            f"{why}: epoch {epoch}: {missing} rows never read, read more than once: {dict(list(wrong.items())[:10])}"
+        )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -91,7 +93,17 @@ def test_a_torchrun_script_resumes_its_epoch_from_the_state_dir(tmp_path: Path) 
     log.mkdir()
     env = {**os.environ, "RAYDIST_STATE_DIR": str(tmp_path / "state")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
-    command += [str(SCRIPT), "--rows", str(rows), "--batch-size", str(batch_size), "--out-dir", str(log), "--crash", json.dumps([0, crash_step, 1])]
+    command += [
+        str(SCRIPT),
+        "--rows",
+        str(rows),
+        "--batch-size",
+        str(batch_size),
+        "--out-dir",
+        str(log),
+        "--crash",
+        json.dumps([0, crash_step, 1]),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     why = f"seed {chosen}: rank 1 crashed at step {crash_step}"
     assert result.returncode == 0, f"{why}\n{result.stderr[-3000:]}"

@@ -62,7 +62,9 @@ class PositionalShard(DatasetShard):
         self._tables: "OrderedDict[int, Any]" = OrderedDict()
 
     def __getattr__(self, attribute: str) -> Any:
-        raise AttributeError(f"a shard read exactly once (DataConfig(exactly_once=True)) has no {attribute!r}: it reads with iter_batches / iter_torch_batches")
+        raise AttributeError(
+            f"a shard read exactly once (DataConfig(exactly_once=True)) has no {attribute!r}: it reads with iter_batches / iter_torch_batches"
+        )
 
     def __getstate__(self) -> Dict[str, Any]:
         return {**self.__dict__, "_tables": OrderedDict()}  # blocks are fetched again where it is read
@@ -91,7 +93,9 @@ class PositionalShard(DatasetShard):
         options.pop("prefetch_batches", None)  # reads are local zero-copy gets: nothing to prefetch
         refused = sorted(set(options) & set(UNSUPPORTED))
         if refused:
-            raise ValueError(f"{', '.join(refused)}: a shard read exactly once keeps its own order; shuffle it with DataConfig(shuffle=True, seed=...)")
+            raise ValueError(
+                f"{', '.join(refused)}: a shard read exactly once keeps its own order; shuffle it with DataConfig(shuffle=True, seed=...)"
+            )
         if options:
             raise TypeError(f"iter_batches got options a shard read exactly once does not take: {', '.join(sorted(options))}")
         return timed(self._batches(batch_size, drop_last, batch_format), self.name)
@@ -117,7 +121,9 @@ class PositionalShard(DatasetShard):
 
         blocks, local = locate(rows, self.block_starts)
         parts = [self._table(int(block)).take(pa.array(local[blocks == block] + self.firsts[block])) for block in np.unique(blocks)]
-        table = pa.concat_tables(parts).take(pa.array(np.argsort(np.argsort(blocks, kind="stable")))) if parts else self._table(0).slice(0, 0)
+        table = (
+            pa.concat_tables(parts).take(pa.array(np.argsort(np.argsort(blocks, kind="stable")))) if parts else self._table(0).slice(0, 0)
+        )
         if batch_format == "pyarrow":
             return table
         from ray.data.block import BlockAccessor

@@ -27,7 +27,9 @@ def dataset(rows: int) -> tud.TensorDataset:
     return tud.TensorDataset(torch.arange(rows))
 
 
-def world(data: tud.Dataset, size: int, state: Optional[Dict[str, object]], batch_size: int, drop_last: bool = False, seed: int = 7) -> Tuple[List[DistributedSampler], List[tud.DataLoader]]:
+def world(
+    data: tud.Dataset, size: int, state: Optional[Dict[str, object]], batch_size: int, drop_last: bool = False, seed: int = 7
+) -> Tuple[List[DistributedSampler], List[tud.DataLoader]]:
     samplers = [DistributedSampler(data, num_replicas=size, rank=rank, seed=seed, drop_last=drop_last) for rank in range(size)]
     for sampler in samplers:
         if state is not None:
@@ -124,7 +126,9 @@ def runs(draw: st.DrawFn) -> Tuple[int, int, List[Segment]]:
 
 @given(runs())
 @settings(max_examples=150, deadline=None)
-def test_failures_and_resizes_at_any_step_leave_each_row_read_exactly_once_by_the_committed_steps(run: Tuple[int, int, List[Segment]]) -> None:
+def test_failures_and_resizes_at_any_step_leave_each_row_read_exactly_once_by_the_committed_steps(
+    run: Tuple[int, int, List[Segment]],
+) -> None:
     """Each world takes some steps, commits after some of them and fails; the
     next world, of any size, loads the commit. A last world of 3 ranks ends
     the epochs. Every row of every epoch: in exactly one committed step."""

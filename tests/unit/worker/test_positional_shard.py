@@ -99,7 +99,9 @@ def runs(draw: st.DrawFn) -> Tuple[int, List[int], int, List[Segment]]:
 
 @given(runs())
 @settings(max_examples=150, deadline=None)
-def test_failures_and_resizes_at_any_step_leave_each_row_read_exactly_once_by_the_committed_steps(run: Tuple[int, List[int], int, List[Segment]]) -> None:
+def test_failures_and_resizes_at_any_step_leave_each_row_read_exactly_once_by_the_committed_steps(
+    run: Tuple[int, List[int], int, List[Segment]],
+) -> None:
     rows, sizes, batch_size, segments = run
     blocks = blocks_of(rows, sizes)
     state: Optional[Dict[str, Any]] = None
