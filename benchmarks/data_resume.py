@@ -99,15 +99,14 @@ def sampler_rows(rows: int, batch: int, reps: int) -> Dict[str, Optional[float]]
 def ray_data_rows(rows: int, batch: int, reps: int) -> Dict[str, Optional[float]]:
     import ray
 
-    from raydist.pool.driver.datasets import ReadBlocks
-    from raydist.pool.worker.positional import PositionalShard
+    from raydist.pool.worker.positional import PositionalShard, read_blocks
 
-    features = lambda b: {
-        "id": b["id"],
-        "x": np.random.default_rng(int(b["id"][0])).standard_normal((len(b["id"]), FEATURES)).astype(np.float32),
-    }  # noqa: E731
+    def features(batch: Dict[str, Any]) -> Dict[str, Any]:
+        generator = np.random.default_rng(int(batch["id"][0]))
+        return {"id": batch["id"], "x": generator.standard_normal((len(batch["id"]), FEATURES)).astype(np.float32)}
+
     dataset = ray.data.range(rows, override_num_blocks=16).map_batches(features)
-    blocks = ReadBlocks().of("train", dataset)
+    blocks = read_blocks(dataset)
     consumed = int(rows * AT) // (WORLD * batch) * (WORLD * batch)
 
     def epoch(position: int, limit: int = 10**9) -> int:

@@ -31,7 +31,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), s
 sys.path[:0] = [str(REPO / "tests")]
 
 LOCAL_CPUS = 4
-RAYDIST_ACTORS = ("RayWorker", "NodeAgent", "StateKeeper")  # StateKeeper: save_state's keeper and holders
+RAYDIST_ACTORS = (
+    "RayWorker",
+    "NodeAgent",
+    "StateKeeper",
+    "BlockHolder",
+)  # StateKeeper: save_state's keeper and holders; BlockHolder: split_dataset(exactly_once=True)
 
 
 def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":

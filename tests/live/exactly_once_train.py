@@ -1,9 +1,11 @@
 """A data-parallel loop that logs every row it trains on: run as a function
 (``raydist.run(train, ...)``) or as a torchrun script (the sampler).
 
-The rows are ``0 .. rows-1``, read either from a Ray Data shard
-(``DataConfig(exactly_once=True)``, dataset "train" with an ``id`` column) or
-through ``raydist.DistributedSampler`` and a ``DataLoader``. Each step is one
+The rows are ``0 .. rows-1``, read from a Ray Data shard read exactly once
+(``ray-data``: ``datasets=`` "train" with an ``id`` column and
+``DataConfig(exactly_once=True)``; ``split``: ``raydist.split_dataset(...,
+exactly_once=True)``) or through ``raydist.DistributedSampler`` and a
+``DataLoader`` (``sampler``). Each step is one
 batch per rank; the model, optimizer and data position are saved every step.
 Every ``settle_every`` steps each rank waits for the step's commit (the
 steps in between commit as they may). Each rank appends to
@@ -38,7 +40,7 @@ LEARNING_RATE = 0.05
 
 def batches(source: str, rows: int, batch_size: int, epochs: int, data: Any) -> Iterator[Tuple[int, torch.Tensor]]:
     """(epoch, row ids) per step, from the position ``data`` was loaded at."""
-    if source == "ray-data":
+    if source in ("ray-data", "split"):
         while data.epoch < epochs:
             epoch = data.epoch
             for batch in data.iter_torch_batches(batch_size=batch_size):
@@ -67,6 +69,10 @@ def train(
     if source == "ray-data":
         data: Any = raydist.get_dataset_shard("train")
         saved = data
+    elif source == "split":
+        import ray
+
+        data = saved = raydist.split_dataset(ray.data.range(rows, override_num_blocks=7), exactly_once=True, shuffle=True, seed=0)
     else:
         dataset = tud.TensorDataset(torch.arange(rows))
         sampler = raydist.DistributedSampler(dataset, shuffle=True, seed=0)
@@ -110,7 +116,7 @@ def reference(source: str, rows: int, batch_size: int, epochs: int, world: int) 
     model = torch.nn.Linear(1, 1, dtype=torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     dataset = tud.TensorDataset(torch.arange(rows))
-    if source == "ray-data":
+    if source in ("ray-data", "split"):
         import pyarrow as pa
 
         from raydist.pool.worker.positional import PositionalShard

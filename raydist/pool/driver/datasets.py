@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -26,8 +25,6 @@ from raydist.pool.rules.datasets import DataConfig, check_dataset_names, no_cpus
 __all__ = ["DATASETS", "CallData", "OpenSplits", "WorldSplit", "check_datasets", "warn_without_cpus"]
 
 logger = logging.getLogger("raydist")
-
-Block = Tuple[Any, int, int]  # a block's ref, its first row read, the rows read
 
 DATASETS = "datasets"  # the name an attempt's open splits are attached under
 
@@ -61,33 +58,15 @@ class ReadBlocks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._read: Dict[str, List[Block]] = {}
+        self._read: Dict[str, List[Tuple[Any, int, int]]] = {}
 
-    def of(self, name: str, dataset: Any) -> List[Block]:
+    def of(self, name: str, dataset: Any) -> List[Tuple[Any, int, int]]:
         with self._lock:
             if name not in self._read:
-                self._read[name] = _read_blocks(dataset)
+                from raydist.pool.worker.positional import read_blocks
+
+                self._read[name] = read_blocks(dataset)
             return self._read[name]
-
-
-def _read_blocks(dataset: Any) -> List[Block]:
-    """The dataset's blocks in order, each as (ref, first row, rows): Ray Data's
-    bundles may hold a slice of a block. Read with Ray Data's ``preserve_order``
-    (on a copy: the user's dataset is left as it is), so the rows come in the
-    same order each time it is read (another call, another run resuming from
-    a ``state_dir``): a position then means the same rows."""
-    with warnings.catch_warnings():  # copying a context reads its deprecated fields
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ordered = type(dataset).copy(dataset, _deep_copy=True)
-    ordered.context.execution_options.preserve_order = True
-    blocks: List[Block] = []
-    for bundle in ordered.materialize().iter_internal_ref_bundles():
-        cuts = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
-        for entry, cut in zip(bundle.blocks, cuts):
-            ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # a pair before Ray 2.5x
-            first, stop = (cut.start_offset, cut.end_offset) if cut is not None else (0, meta.num_rows)
-            blocks.append((ref, first, stop - first))
-    return blocks
 
 
 def check_datasets(datasets: Optional[Mapping[str, Any]] = None, dataset_config: Optional[DataConfig] = None) -> Optional[CallData]:
@@ -198,7 +177,7 @@ def warn_without_cpus(cluster: Cluster, held: Mapping[str, Mapping[str, float]],
         logger.warning(warning)
 
 
-def positional_shards(name: str, blocks: List[Block], world_size: int, config: DataConfig) -> List[Any]:
+def positional_shards(name: str, blocks: List[Tuple[Any, int, int]], world_size: int, config: DataConfig) -> List[Any]:
     """Each rank's shard of an ``exactly_once`` dataset, read from position 0 (``load_state`` moves it)."""
     from raydist.pool.worker.positional import PositionalShard
 

@@ -146,15 +146,23 @@ def get_dataset_shard(name: str) -> DatasetShard:
     return shard
 
 
-def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
+def split_dataset(dataset: Any, *, equal: bool = True, exactly_once: bool = False, shuffle: bool = False, seed: int = 0) -> DatasetShard:
     """A collective: every rank calls it, and gets its part of rank 0's
     ``dataset`` (``streaming_split`` over the world, the ranks' nodes as
     locality hints). ``equal``: the same number of rows on every rank (so
     the same number of batches); ``False`` takes every row. The split is
-    stopped when the call (or the script) ends."""
+    stopped when the call (or the script) ends.
+
+    ``exactly_once`` (``shuffle``, ``seed``): as ``DataConfig``'s: the dataset
+    is read into blocks first (by an actor rank 0 starts, which owns them until
+    the call ends), and each rank reads its rows by position, resumable from
+    ``load_state``. Every rank must pass the same options."""
     import ray
     import ray.cloudpickle
 
+    from raydist.pool.rules.datasets import DataConfig
+
+    config = DataConfig(equal=equal, exactly_once=exactly_once, shuffle=shuffle, seed=seed)  # checked alike on every rank
     if not ray.is_initialized():
         raise RuntimeError("raydist.split_dataset runs inside a raydist worker (raydist.run, WorkerGroup, raydist run)")
     rank, world_size, all_gather, scatter = _collectives()
@@ -163,12 +171,16 @@ def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
     if rank == 0:
         never = _why_data_can_never_run()
         try:
-            if never is None:
+            if never is not None:
+                parts = [("never", never)] * world_size
+            elif config.exactly_once:
+                holder = _holder(dataset)
+                _coordinators.append(holder)
+                parts = [("ok", ray.cloudpickle.dumps(holder))] * world_size
+            else:
                 iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
                 _coordinators.extend(_coordinator_of(iterators))
                 parts = [("ok", ray.cloudpickle.dumps(iterator)) for iterator in iterators]
-            else:
-                parts = [("never", never)] * world_size
         except Exception as error:  # noqa: BLE001 - every rank must learn it, not wait in the scatter
             parts = [("error", f"{type(error).__name__}: {error}")] * world_size
     status, payload = scatter(parts)
@@ -176,7 +188,26 @@ def split_dataset(dataset: Any, *, equal: bool = True) -> DatasetShard:
         raise RuntimeError(payload)
     if status != "ok":
         raise RuntimeError(f"raydist.split_dataset: rank 0 could not split the dataset: {payload}")
-    return DatasetShard(ray.cloudpickle.loads(payload), checked=True)
+    if not config.exactly_once:
+        return DatasetShard(ray.cloudpickle.loads(payload), checked=True)
+    from raydist.pool.worker.positional import PositionalShard
+
+    try:
+        blocks = ray.get(ray.cloudpickle.loads(payload).read.remote())
+    except Exception as error:
+        raise RuntimeError(f"raydist.split_dataset: the dataset could not be read: {error}") from error
+    return PositionalShard(blocks, "", rank, world_size, config.shuffle, config.seed)
+
+
+def _holder(dataset: Any) -> Any:
+    """The actor that reads ``dataset`` and owns its blocks (outside the group's
+    placement group: it takes no CPU, Ray Data's tasks take the cluster's)."""
+    import ray
+
+    from raydist.pool.worker.positional import BlockHolder
+
+    actor = ray.remote(BlockHolder).options(num_cpus=0, scheduling_strategy="DEFAULT")
+    return actor.remote(dataset)
 
 
 def _why_data_can_never_run() -> Optional[str]:

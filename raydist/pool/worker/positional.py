@@ -14,6 +14,7 @@ the last committed step left it, in a world of any size.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from itertools import accumulate
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -25,6 +26,42 @@ __all__ = ["PositionalShard"]
 
 CACHED_BLOCKS = 4  # a batch spans one or two runs of rows, each in one or two blocks
 UNSUPPORTED = ("local_shuffle_buffer_size", "local_shuffle_seed")
+
+
+Block = Tuple[Any, int, int]  # a block's ref, its first row read, the rows read
+
+
+def read_blocks(dataset: Any) -> List[Block]:
+    """The dataset's blocks in order, each as (ref, first row, rows): Ray Data's
+    bundles may hold a slice of a block. Read with Ray Data's ``preserve_order``
+    (on a copy: the user's dataset is left as it is), so the rows come in the
+    same order each time it is read (another call, another run resuming from
+    a ``state_dir``): a position then means the same rows. The caller owns the
+    blocks."""
+    with warnings.catch_warnings():  # copying a context reads its deprecated fields
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ordered = type(dataset).copy(dataset, _deep_copy=True)
+    ordered.context.execution_options.preserve_order = True
+    blocks: List[Block] = []
+    for bundle in ordered.materialize().iter_internal_ref_bundles():
+        cuts = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
+        for entry, cut in zip(bundle.blocks, cuts):
+            ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # a pair before Ray 2.5x
+            first, stop = (cut.start_offset, cut.end_offset) if cut is not None else (0, meta.num_rows)
+            blocks.append((ref, first, stop - first))
+    return blocks
+
+
+class BlockHolder:
+    """A Ray actor that reads a dataset and owns its blocks, for ``split_dataset``:
+    the ranks borrow them through its answer (tracked by Ray, none pinned), and
+    they go when it is killed with the call's splits."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.blocks = read_blocks(dataset)
+
+    def read(self) -> List[Block]:
+        return self.blocks
 
 
 def _arrow_block(ref: Any) -> Any:
@@ -42,7 +79,7 @@ class PositionalShard(DatasetShard):
 
     def __init__(
         self,
-        blocks: Sequence[Tuple[Any, int, int]],
+        blocks: Sequence[Block],
         name: str,
         rank: int,
         world_size: int,
