@@ -62,7 +62,15 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)  # polling files the ranks write, with a deadline
 
 
-@pytest.mark.parametrize("source", [*SOURCES, "split"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "ray-data",
+        "split",
+        # soak: the sampler across a crash, with the weights, runs in make test under plain torchrun (below)
+        pytest.param("sampler", marks=pytest.mark.soak),
+    ],
+)
 def test_a_crash_mid_epoch_reads_each_row_once_and_ends_with_the_weights_of_a_run_that_never_failed(
     ray_local: None, source: str, tmp_path: Path
 ) -> None:
