@@ -77,13 +77,14 @@ def test_a_crash_mid_epoch_reads_each_row_once_and_ends_with_the_weights_of_a_ru
     rows, batch_size, epochs, world = 2000, 20, 2, 2
     chosen = seed()
     crash_step = random.Random(chosen).randrange(12, rows * epochs // (world * batch_size))  # either epoch, after a commit
-    why = f"seed {chosen}: rank 1 crashed at step {crash_step}"
+    why = f"seed {chosen}: rank 1 crashed at step {crash_step}, a spare took its place"
     results = raydist.run(
         train,
         args=(source, rows, batch_size, epochs, str(tmp_path)),
         kwargs={"crash": (0, crash_step, 1)},
         num_workers=world,
         max_restarts=1,
+        spare_workers=1,  # takes the crashed rank's place
         **options(source, rows),
     )
     assert {r["attempt"] for r in results} == {1} and None not in {r["resumed"] for r in results}, why
