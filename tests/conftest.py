@@ -27,8 +27,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Workers must import the test modules that define the functions they run.
 TEST_DIRS = [REPO / "tests", REPO / "tests" / "live", REPO / "tests" / "unit"]
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, TEST_DIRS), str(REPO), os.environ.get("PYTHONPATH")]))
+# RAYDIST_TEST_INSTALLED (the version matrix, noxfile.py): raydist is the installed
+# wheel, in this process and the workers; the checkout is never on their path.
+INSTALLED = bool(os.environ.get("RAYDIST_TEST_INSTALLED"))
+PATHS = [*map(str, TEST_DIRS), *([] if INSTALLED else [str(REPO)]), os.environ.get("PYTHONPATH")]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, PATHS))
 sys.path[:0] = [str(REPO / "tests")]
+if INSTALLED:
+    import raydist as _raydist
+
+    _here = Path(_raydist.__file__).resolve().parent
+    assert _here != REPO / "raydist", f"RAYDIST_TEST_INSTALLED: raydist imported from the checkout ({_here})"
 
 LOCAL_CPUS = 4
 RAYDIST_ACTORS = (

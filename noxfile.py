@@ -1,0 +1,81 @@
+"""The version matrix: raydist's built wheel on the versions users install.
+
+    python -m nox            # both ends (make matrix; .ci/run runs it)
+    python -m nox -s oldest  # one
+
+- ``newest``: the newest torch and Ray on the newest Python their wheels
+  exist for;
+- ``oldest``: the oldest versions ``pyproject.toml`` claims, on the oldest
+  Python it claims.
+
+Each installs raydist from its wheel (built here, not the checkout: a file
+missing from the package fails), runs the unit tier and a live smoke subset
+(``SMOKE``). The full live tier runs on the default environment (``make
+test``). horovod is left out: it builds from source for each Python
+(minutes), and its live tests skip, saying why, where it is absent.
+
+nox rather than tox: the sessions are Python (the versions and the smoke
+subset are data, one loop makes both sessions), and it finds pyenv's
+interpreters by name. torch's wheels come from the package index (the CUDA
+build, which runs on CPU); the machine's pip configuration, which pins torch
+to the cached CPU wheel, is set aside for these environments.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+nox.options.reuse_existing_virtualenvs = False
+
+# name -> (Python, pins). Oldest: pyproject.toml's floors (requires-python, torch, ray).
+ENDS = {
+    "newest": ("3.13", ["torch==2.15.0", "ray[default,data]==2.60.0"]),
+    "oldest": ("3.9", ["torch==2.4.0", "ray[default,data]==2.51.2"]),
+}
+
+# A run; a crash with a spare and save_state; a torchrun script under raydist run
+# beside torchrun itself; a Ray Data shard read exactly once across a crash.
+SMOKE = [
+    "tests/live/test_group.py::test_run_returns_rank_ordered_results_and_collectives_work",
+    "tests/live/test_state.py::test_a_crashed_rank_resumes_bit_identical[warm-spare]",
+    "tests/live/test_cli.py::test_torchrun_script_gives_the_same_loss_as_under_torchrun",
+    "tests/live/test_exactly_once.py::test_a_crash_mid_epoch_reads_each_row_once_and_ends_with_the_weights_of_a_run_that_never_failed[ray-data]",
+]
+
+
+def _wheel(session: nox.Session) -> str:
+    """raydist's wheel, built from this checkout into a fresh folder."""
+    out = tempfile.mkdtemp(prefix="raydist-wheel-")
+    session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, ".")
+    (wheel,) = glob.glob(os.path.join(out, "raydist-*.whl"))
+    return wheel
+
+
+def _interpreter(version: str) -> str:
+    """pyenv's interpreter of ``version`` where pyenv has one (its shims answer
+    only for the versions selected), else the version for nox to find."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")))
+    return found[-1] if found else version
+
+
+def _end(name: str, python: str, pins: list) -> None:
+    @nox.session(name=name, python=_interpreter(python))
+    def session(session: nox.Session) -> None:
+        session.env["PIP_CONFIG_FILE"] = os.devnull  # torch from the index, not the machine's pinned CPU wheel
+        wheel = _wheel(session)
+        session.install(f"raydist[test,data] @ file://{wheel}", *pins)
+        session.env["RAYDIST_TEST_INSTALLED"] = "1"  # the tests import the wheel, never the checkout
+        # `pytest`, not `python -m pytest`: the latter puts the checkout first on sys.path.
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/unit")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", *SMOKE)
+
+
+for _name, (_python, _pins) in ENDS.items():
+    _end(_name, _python, _pins)
