@@ -29,6 +29,7 @@ import tempfile
 
 import nox
 
+REPO = os.path.dirname(os.path.abspath(__file__))
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = False
@@ -52,7 +53,7 @@ SMOKE = [
 def _wheel(session: nox.Session) -> str:
     """raydist's wheel, built from this checkout into a fresh folder."""
     out = tempfile.mkdtemp(prefix="raydist-wheel-")
-    session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, ".")
+    session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, REPO)
     (wheel,) = glob.glob(os.path.join(out, "raydist-*.whl"))
     return wheel
 
@@ -71,10 +72,15 @@ def _end(name: str, python: str, pins: list) -> None:
         session.env["PIP_CONFIG_FILE"] = os.devnull  # torch from the index, not the machine's pinned CPU wheel
         wheel = _wheel(session)
         session.install(f"raydist[test,data] @ file://{wheel}", *pins)
-        session.env["RAYDIST_TEST_INSTALLED"] = "1"  # the tests import the wheel, never the checkout
-        # `pytest`, not `python -m pytest`: the latter puts the checkout first on sys.path.
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/unit")
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", *SMOKE)
+        # The tests import the wheel, never the checkout: pytest runs from another folder (Ray puts
+        # the driver's folder on its workers' path), as `pytest` (`python -m` puts the folder first),
+        # and Python's own subprocesses do not put theirs first (PYTHONSAFEPATH, Python >= 3.11).
+        session.env["RAYDIST_TEST_INSTALLED"] = "1"
+        session.env["PYTHONSAFEPATH"] = "1"
+        options = ["-q", "-p", "no:cacheprovider", "-c", os.path.join(REPO, "pyproject.toml"), "--rootdir", REPO, "-n", "2"]
+        session.chdir(tempfile.mkdtemp(prefix="raydist-matrix-"))
+        session.run("pytest", *options, os.path.join(REPO, "tests", "unit"))
+        session.run("pytest", *options, "--dist", "loadfile", *(os.path.join(REPO, test) for test in SMOKE))
 
 
 for _name, (_python, _pins) in ENDS.items():
