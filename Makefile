@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 # Where `make docs-build` writes the site (`make test` builds into a temporary folder).
 SITE ?= site
 
-.PHONY: venv install install-test install-docs horovod demo test test-gpu soak bench docs docs-build clean
+.PHONY: venv install install-test install-docs horovod demo test test-gpu soak matrix bench docs docs-build clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,12 @@ test: install-test
 # lost to its timeout under xdist says nothing of where it waited.
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
+
+# The version matrix (noxfile.py): raydist's wheel on the newest Python, torch
+# and Ray, and on the oldest pyproject.toml claims (pyenv's 3.13 and 3.9), each
+# with the unit tier and a live smoke subset; torch from the package index.
+matrix: install-test
+	$(PY) -m nox
 
 # The GPU tier (tests/gpu), on a machine with a CUDA GPU; elsewhere every test
 # is skipped, saying why. Not part of `make test`. It installs nothing and needs

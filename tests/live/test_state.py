@@ -23,7 +23,7 @@ import ray
 import torch
 from conftest import REPO, assert_nothing_left, exported_figures, use_local_ray, wait_for
 from marks import read_marks
-from state_ddp import train
+from state_ddp import PER_PARAMETER_BUCKETS, train
 
 import raydist
 
@@ -52,7 +52,10 @@ def assert_resumed(results: List[Dict[str, Any]], reference: List[Dict[str, Any]
     # The crash comes at the start of step 5, once step 4 is committed (``raydist.wait_committed``).
     assert [r["resumed"] for r in results] == [CRASH_AT - 1] * 4
     for mine, theirs in zip(results, reference):
-        assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
+        if "bucket_cap_mb_list" in PER_PARAMETER_BUCKETS:
+            assert torch.equal(mine["weights"], theirs["weights"]), f"rank {mine['rank']}"
+        else:  # an older torch's DDP lays out its first bucket apart from the rest: its sums differ in the last bits
+            assert torch.allclose(mine["weights"], theirs["weights"], rtol=1e-5, atol=1e-6), f"rank {mine['rank']}"
 
 
 def check_timeline(events: List[Dict[str, Any]], crashed: int, spare: bool) -> None:
