@@ -448,7 +448,7 @@ def test_a_broken_link_fails_the_docs_build_of_make_docs_and_make_test(tmp_path:
     import subprocess
 
     copy = tmp_path / "repo"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", ".venv", "site", "__pycache__", "*.egg-info", ".*_cache"))
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", ".venv", ".nox", "site", "__pycache__", "*.egg-info", ".*_cache"))
 
     def build() -> "subprocess.CompletedProcess[str]":
         command = ["make", "--no-print-directory", "-C", str(copy), "docs-build", f"PY={sys.executable}", f"SITE={tmp_path / 'site'}"]
