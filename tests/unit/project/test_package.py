@@ -18,7 +18,9 @@ def test_the_wheel_carries_the_license_and_the_typing_marker(tmp_path: Path) -> 
     if int(setuptools.__version__.split(".")[0]) < 77:  # the build's own requirement; an isolated build fetches it
         pytest.skip(f"license-files needs setuptools >= 77 to build here without isolation, not {setuptools.__version__}")
     source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info beside the sources
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".nox", "site", "build", "__pycache__", "*.egg-info", ".*_cache"))
+    shutil.copytree(
+        REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".nox", "site", "build", "__pycache__", "*.egg-info", ".*_cache")
+    )
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)]
     subprocess.run(command, check=True, capture_output=True, timeout=120)
     [wheel] = tmp_path.glob("raydist-*.whl")
