@@ -66,12 +66,25 @@ def _interpreter(version: str) -> str:
     return found[-1] if found else version
 
 
+def _check_versions(session: nox.Session, pins: list) -> None:
+    """Each pinned package is the version asked for (a machine's own pip settings
+    may cap it), or the session fails naming the one installed."""
+    for pin in pins:
+        name, wanted = pin.split("==")
+        name = name.split("[")[0]
+        found = session.run("python", "-c", f"import importlib.metadata as m; print(m.version({name!r}))", silent=True)
+        got = str(found).strip().splitlines()[-1] if found else "nothing"
+        if got.split("+")[0] != wanted:
+            session.error(f"asked for {name}=={wanted}, got {got}")
+
+
 def _end(name: str, python: str, pins: list) -> None:
     @nox.session(name=name, python=_interpreter(python))
     def session(session: nox.Session) -> None:
         session.env["PIP_CONFIG_FILE"] = os.devnull  # torch from the index, not the machine's pinned CPU wheel
         wheel = _wheel(session)
         session.install(f"raydist[test,data] @ file://{wheel}", *pins)
+        _check_versions(session, pins)
         # The tests import the wheel, never the checkout: pytest runs from another folder (Ray puts
         # the driver's folder on its workers' path), as `pytest` (`python -m` puts the folder first),
         # and Python's own subprocesses do not put theirs first (PYTHONSAFEPATH, Python >= 3.11).
