@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from typing import List
 
 import nox
 
@@ -66,7 +67,7 @@ def _interpreter(version: str) -> str:
     return found[-1] if found else version
 
 
-def _check_versions(session: nox.Session, pins: list) -> None:
+def _check_versions(session: nox.Session, pins: List[str]) -> None:
     """Each pinned package is the version asked for (a machine's own pip settings
     may cap it), or the session fails naming the one installed."""
     for pin in pins:
@@ -78,7 +79,7 @@ def _check_versions(session: nox.Session, pins: list) -> None:
             session.error(f"asked for {name}=={wanted}, got {got}")
 
 
-def _end(name: str, python: str, pins: list) -> None:
+def _end(name: str, python: str, pins: List[str]) -> None:
     @nox.session(name=name, python=_interpreter(python))
     def session(session: nox.Session) -> None:
         session.env["PIP_CONFIG_FILE"] = os.devnull  # torch from the index, not the machine's pinned CPU wheel

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Tuple
 
-__all__ = ["ChunkedOrder", "EpochPlan", "Position", "epoch_order"]
+__all__ = ["ChunkedOrder", "EpochPlan", "Position", "epoch_order", "locate"]
 
 
 @dataclass(frozen=True)
