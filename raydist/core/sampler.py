@@ -77,10 +77,14 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
             self._consumed = None
         self.epoch = epoch
 
-    def _begin(self) -> EpochPlan:
+    def _next_start(self) -> int:
+        """Where the next iteration starts: the position, or the epoch's first row
+        when this epoch was read to its end here (again, as torch's sampler does)."""
         start = self.position
-        if start >= self._rows() and self._plan is not None:
-            start = 0  # iterated again after the epoch's end: the epoch again, as torch's sampler does
+        return 0 if start >= self._rows() and self._plan is not None else start
+
+    def _begin(self) -> EpochPlan:
+        start = self._next_start()
         self._start, self._consumed = start, None
         self._plan = EpochPlan(self._rows(), start, self.num_replicas, self.drop_last)
         self.num_samples = len(self._plan.positions(self.rank))
@@ -93,7 +97,7 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
         return iter([order[p] for p in plan.positions(self.rank)])
 
     def __len__(self) -> int:
-        return len(EpochPlan(self._rows(), min(self.position, self._rows()), self.num_replicas, self.drop_last).positions(self.rank))
+        return len(EpochPlan(self._rows(), self._next_start(), self.num_replicas, self.drop_last).positions(self.rank))
 
     def track(self, loader: torch.utils.data.DataLoader) -> Iterator[Any]:
         """The loader's batches, counted as the loop takes them, plus an empty batch
@@ -101,6 +105,15 @@ class DistributedSampler(torch.utils.data.DistributedSampler):
         batch_size = loader.batch_size
         if batch_size is None or getattr(loader, "sampler", None) is not self:
             raise ValueError("track: the loader must be DataLoader(dataset, batch_size=..., sampler=this sampler)")
+        if loader.drop_last:
+            raise ValueError(
+                "track: DataLoader(drop_last=True) drops each rank's short last batch, whose rows would count as read; "
+                "every rank takes as many batches without it (DistributedSampler(drop_last=True) drops the rows that do not divide by the world)"
+            )
+        if not getattr(loader, "in_order", True):
+            raise ValueError(
+                "track: DataLoader(in_order=False) hands out batches out of order: the batches taken would not name the rows read"
+            )
         taken, last = 0, None
         self._tracking = True
         try:  # the loader draws from the sampler by its first batch (a worker pool at once)
@@ -151,13 +164,20 @@ def _one_batch(loader: torch.utils.data.DataLoader) -> Any:
 
 
 def _empty_like(batch: Any) -> Any:
-    """``batch`` with no rows: tensors and arrays cut to length 0, containers rebuilt."""
+    """``batch`` with no rows: tensors and arrays cut to length 0, containers of
+    them rebuilt, a list of one value per row emptied; anything else refused
+    (handing it out again would train its rows twice)."""
+    if hasattr(batch, "shape") and hasattr(batch, "__getitem__"):
+        return batch[:0]
     if isinstance(batch, dict):
         return type(batch)((key, _empty_like(value)) for key, value in batch.items())
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(_empty_like(value) for value in batch))
-    if isinstance(batch, (list, tuple)) and batch and not isinstance(batch[0], (str, bytes, int, float)):
-        return type(batch)(_empty_like(value) for value in batch)
-    if hasattr(batch, "__getitem__") and hasattr(batch, "__len__"):
-        return batch[:0]
-    return batch
+    if isinstance(batch, (list, tuple)):
+        if all(hasattr(v, "shape") or isinstance(v, (dict, list, tuple)) for v in batch):
+            return type(batch)(_empty_like(value) for value in batch)
+        return type(batch)()  # one value per row (a collated list of strings)
+    raise TypeError(
+        f"track: cannot make an empty batch like a {type(batch).__name__} for a rank with no rows left in the epoch's last step; "
+        "collate to tensors, arrays, or dicts, lists and tuples of them"
+    )

@@ -62,7 +62,7 @@ from raydist.pool.cluster.seam import Cluster, LoopRunner
 from raydist.pool.driver.attempt import Attachment, Attempt
 from raydist.pool.driver.attempts import Attempts, Policy, RestartOptions
 from raydist.pool.driver.calls import CallHooks, KeptCall, WorkerFuture, ending_of, forward_signal, send_call
-from raydist.pool.driver.datasets import CallData, split_for_world
+from raydist.pool.driver.datasets import CallData, split_for_world, warn_without_cpus
 from raydist.pool.driver.events import STOPPING, Cancel, Event, Hung, Interrupt, Reply, RoomFound, Slow, Start, Stop, Submit
 from raydist.pool.driver.hooks import group_hooks
 from raydist.pool.driver.lifecycle import Lifecycle, weakly
@@ -129,6 +129,9 @@ class RunController:
     def send(self, call: bytes, data: Optional[CallData] = None) -> WorkerFuture:
         """Send ``call`` to the current world's ranks (queued in the same order
         on every rank); a call sent during a restart runs in the next world."""
+        if data is not None and data.config.exactly_once:  # read whole now: say first if no CPU is left for it
+            attempt = self.attempt
+            warn_without_cpus(self.cluster, self.held_resources(), attempt.size if attempt is not None else 0)
         if data is not None:
             data.read()
         future = self._ask(Submit(call, data))

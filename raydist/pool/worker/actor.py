@@ -275,6 +275,7 @@ class RayWorker:
         started, call = time.time(), self._last_call if call is None else call
         self._last_call = call if len(call) <= INLINE_CALL_BYTES else b""  # unpickled afresh each time
         ahead, self._ahead = self._ahead, None
+        failed = False
         try:
             if ahead is not None and ahead.release(call):
                 value = self._go_on(ahead, call)
@@ -292,9 +293,10 @@ class RayWorker:
                 return Outcome(exit_code=code, timestamp=time.time())
             outcome = Outcome()
         except BaseException as error:  # noqa: BLE001 - every ending of the user's code is reported
+            failed = True
             return self._failed(error, started)
         finally:
-            datasets.end_call()  # this call's dataset shards go with it
+            datasets.end_call(failed)  # this call's dataset shards go with it
         self._created_groups.release()  # a failed call's wait for teardown, which shuts their connections first
         return outcome
 

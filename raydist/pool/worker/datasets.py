@@ -11,16 +11,20 @@ a row-equal split every rank then runs the same number of steps.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from raydist.pool.rules.batches import rechunk
 from raydist.pool.rules.datasets import no_cpu_ever_for_data
 from raydist.pool.worker.metrics import data_waited
 
+if TYPE_CHECKING:
+    from raydist.pool.worker.positional import HeldBlocks
+
 __all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset", "timed"]
 
 _shards: Dict[str, "DatasetShard"] = {}
 _coordinators: List[Any] = []  # split coordinators this rank made in split_dataset during the call
+_held_blocks: Optional["HeldBlocks"] = None  # the exactly-once readers of split_dataset
 
 
 class DatasetShard:
@@ -118,9 +122,12 @@ def set_shards(iterators: Mapping[str, Any]) -> None:
     _shards.update({name: it if isinstance(it, DatasetShard) else DatasetShard(it, name) for name, it in iterators.items()})
 
 
-def end_call() -> None:
-    """The call ended: forget its shards; stop the splits it made itself."""
+def end_call(failed: bool = False) -> None:
+    """The call ended (``failed``: it raised): forget its shards; stop the
+    streaming splits it made itself; let its exactly-once readers go."""
     _shards.clear()
+    if _held_blocks is not None:
+        _held_blocks.end_call(failed)
     coordinators = list(_coordinators)
     _coordinators.clear()
     if coordinators:
@@ -174,8 +181,8 @@ def split_dataset(dataset: Any, *, equal: bool = True, exactly_once: bool = Fals
             if never is not None:
                 parts = [("never", never)] * world_size
             elif config.exactly_once:
-                holder = _holder(dataset)
-                _coordinators.append(holder)
+                holder = _holder(dataset, world_size)
+                _held().started(holder)
                 parts = [("ok", ray.cloudpickle.dumps(holder))] * world_size
             else:
                 iterators = dataset.streaming_split(world_size, equal=equal, locality_hints=nodes)
@@ -192,14 +199,16 @@ def split_dataset(dataset: Any, *, equal: bool = True, exactly_once: bool = Fals
         return DatasetShard(ray.cloudpickle.loads(payload), checked=True)
     from raydist.pool.worker.positional import PositionalShard
 
+    holder = ray.cloudpickle.loads(payload)
+    _held().reading(holder, rank)
     try:
-        blocks = ray.get(ray.cloudpickle.loads(payload).read.remote())
+        blocks = ray.get(holder.read.remote())
     except Exception as error:
         raise RuntimeError(f"raydist.split_dataset: the dataset could not be read: {error}") from error
     return PositionalShard(blocks, "", rank, world_size, config.shuffle, config.seed)
 
 
-def _holder(dataset: Any) -> Any:
+def _holder(dataset: Any, ranks: int) -> Any:
     """The actor that reads ``dataset`` and owns its blocks (outside the group's
     placement group: it takes no CPU, Ray Data's tasks take the cluster's)."""
     import ray
@@ -207,7 +216,17 @@ def _holder(dataset: Any) -> Any:
     from raydist.pool.worker.positional import BlockHolder
 
     actor = ray.remote(BlockHolder).options(num_cpus=0, scheduling_strategy="DEFAULT")
-    return actor.remote(dataset)
+    return actor.remote(dataset, ranks)
+
+
+def _held() -> "HeldBlocks":
+    """This process's ``HeldBlocks`` (made on first use)."""
+    global _held_blocks
+    if _held_blocks is None:
+        from raydist.pool.worker.positional import HeldBlocks
+
+        _held_blocks = HeldBlocks()
+    return _held_blocks
 
 
 def _why_data_can_never_run() -> Optional[str]:

@@ -5,8 +5,9 @@ The dataset is read once into blocks the driver holds (Arrow tables in Ray's
 object store) for the whole call, its attempts included. An epoch's order
 is ``epoch_rows.ChunkedOrder`` of the rows (never of the blocks), so a
 position is an offset that means the same to every world. Each step takes
-the next ``world_size * batch_size`` positions, a run of ``batch_size`` per
-rank (a run touches one or two blocks); the last step of an epoch splits
+the next ``world_size * batch_size`` positions, ``batch_size`` of them per
+rank (within one or two runs of 1,024 consecutive rows of the dataset, so
+in the blocks that hold those); the last step of an epoch splits
 what is left evenly, an empty batch where a rank gets no row. Given to
 ``save_state`` (shared) and ``load_state``, a shard resumes the epoch where
 the last committed step left it, in a world of any size.
@@ -17,14 +18,14 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from itertools import accumulate
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from raydist.core.epoch_rows import ChunkedOrder, EpochPlan, Position, locate
 from raydist.pool.worker.datasets import DatasetShard, timed
 
 __all__ = ["PositionalShard"]
 
-CACHED_BLOCKS = 4  # a batch spans one or two runs of rows, each in one or two blocks
+RUN = 1024  # rows in one run of the epoch's order (epoch_rows.ChunkedOrder's chunk)
 UNSUPPORTED = ("local_shuffle_buffer_size", "local_shuffle_seed")
 
 
@@ -54,14 +55,59 @@ def read_blocks(dataset: Any) -> List[Block]:
 
 class BlockHolder:
     """A Ray actor that reads a dataset and owns its blocks, for ``split_dataset``:
-    the ranks borrow them through its answer (tracked by Ray, none pinned), and
-    they go when it is killed with the call's splits."""
+    the ranks borrow them through its answer (tracked by Ray, none pinned). It
+    ends itself, its blocks with it, once each of the ``ranks`` said its call
+    is done with them (``done``); ``HeldBlocks`` ends it where one never can."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, ranks: int) -> None:
         self.blocks = read_blocks(dataset)
+        self.ranks = ranks
+        self.finished: Set[int] = set()
 
     def read(self) -> List[Block]:
         return self.blocks
+
+    def done(self, rank: int) -> None:
+        self.finished.add(rank)
+        if len(self.finished) >= self.ranks:
+            import ray
+
+            ray.actor.exit_actor()
+
+
+class HeldBlocks:
+    """This process's side of the ``BlockHolder`` actors: the ones it reads from
+    (each told when this rank's call is done) and, on rank 0, the ones it started.
+    One of those is killed at once when rank 0's call failed (the others' reads
+    fail with it), else at rank 0's next call's end, should a rank of its call
+    have died before saying it was done."""
+
+    def __init__(self) -> None:
+        self._reading: List[Tuple[Any, int]] = []  # (holder, this rank) of the call under way
+        self._started: List[Any] = []  # started by this process in the call under way
+        self._earlier: List[Any] = []  # started in an earlier call: ended by now, or never will be
+
+    def started(self, holder: Any) -> None:
+        self._started.append(holder)
+
+    def reading(self, holder: Any, rank: int) -> None:
+        self._reading.append((holder, rank))
+
+    def end_call(self, failed: bool) -> None:
+        import ray
+
+        for holder, rank in self._reading:
+            try:
+                holder.done.remote(rank)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        stale, self._earlier = self._earlier, [] if failed else self._started
+        for holder in stale + (self._started if failed else []):
+            try:
+                ray.kill(holder)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._reading, self._started = [], []
 
 
 def _arrow_block(ref: Any) -> Any:
@@ -95,6 +141,8 @@ class PositionalShard(DatasetShard):
         self.rows = sum(counts)
         self.rank, self.world_size, self.shuffle, self.seed = rank, world_size, shuffle, seed
         self.fetch = fetch
+        # The blocks kept: two runs' worth (a batch spans one or two runs of consecutive rows), at least 4.
+        self.cached = max(4, 2 * -(-RUN // max(1, min(counts, default=1))) + 2)
         self._at = Position(0, 0)
         self._tables: "OrderedDict[int, Any]" = OrderedDict()
 
@@ -141,7 +189,7 @@ class PositionalShard(DatasetShard):
         epoch = self.epoch
         offset = 0 if epoch != self._at.epoch else self._at.offset
         plan = EpochPlan(self.rows, offset, self.world_size)
-        order = ChunkedOrder(self.rows, epoch, self.seed, self.shuffle)
+        order = ChunkedOrder(self.rows, epoch, self.seed, self.shuffle, RUN)
         steps = plan.remaining // (self.world_size * batch_size) if drop_last else plan.batches(batch_size)
         self._at = Position(epoch, offset)
         for step in range(steps):
@@ -172,7 +220,7 @@ class PositionalShard(DatasetShard):
             self._tables.move_to_end(block)
         else:
             self._tables[block] = self.fetch(self.refs[block])
-            while len(self._tables) > CACHED_BLOCKS:
+            while len(self._tables) > self.cached:
                 self._tables.popitem(last=False)
         return self._tables[block]
 

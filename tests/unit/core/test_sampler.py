@@ -10,6 +10,7 @@ a failure throws the world away and builds the next from the last commit.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import zip_longest
 from typing import Dict, List, Optional, Tuple
 
 import pytest
@@ -144,7 +145,8 @@ def test_failures_and_resizes_at_any_step_leave_each_row_read_exactly_once_by_th
             for sampler in samplers:
                 sampler.set_epoch(epoch)
             iterators = [sampler.track(loader) for sampler, loader in zip(samplers, loaders)]
-            for batches in zip(*iterators):  # zip ends with the epoch: every rank takes as many
+            for batches in zip_longest(*iterators):
+                assert None not in batches  # every rank takes as many batches
                 steps += 1
                 if steps <= kept:
                     committed[epoch].update(row for batch in batches for row in rows_of(batch))
@@ -166,3 +168,26 @@ def test_an_epoch_iterated_again_without_set_epoch_is_read_again_as_with_torchs_
     first = [rows_of(batch) for batch in samplers[0].track(loaders[0])]
     again = [rows_of(batch) for batch in samplers[0].track(loaders[0])]
     assert first == again and sum(map(len, first)) == 6
+
+
+def test_track_refuses_a_loader_that_drops_or_reorders_batches() -> None:
+    sampler = DistributedSampler(dataset(8), num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=r"drop_last=True\) drops each rank's short last batch"):
+        next(sampler.track(tud.DataLoader(dataset(8), batch_size=3, sampler=sampler, drop_last=True)))
+    with pytest.raises(ValueError, match="sampler=this sampler"):
+        next(sampler.track(tud.DataLoader(dataset(8), batch_size=3)))
+
+
+def test_an_empty_batch_is_refused_for_a_batch_it_cannot_empty() -> None:
+    data = [object() for _ in range(3)]
+    samplers = [DistributedSampler(data, num_replicas=4, rank=rank) for rank in range(4)]
+    loader = tud.DataLoader(data, batch_size=8, sampler=samplers[3], collate_fn=lambda rows: rows[0] if rows else object())
+    with pytest.raises(TypeError, match="cannot make an empty batch like a object"):
+        list(samplers[3].track(loader))
+
+
+def test_the_length_after_an_epoch_read_to_its_end_is_the_next_reading_of_it() -> None:
+    samplers, loaders = world(dataset(12), 2, None, batch_size=3)
+    assert len(samplers[0]) == 6
+    list(samplers[0].track(loaders[0]))
+    assert len(samplers[0]) == 6 == sum(len(rows_of(batch)) for batch in samplers[0].track(loaders[0]))
