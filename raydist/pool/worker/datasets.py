@@ -11,20 +11,17 @@ a row-equal split every rank then runs the same number of steps.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from raydist.pool.rules.batches import rechunk
 from raydist.pool.rules.datasets import no_cpu_ever_for_data
 from raydist.pool.worker.metrics import data_waited
 
-if TYPE_CHECKING:
-    from raydist.pool.worker.positional import HeldBlocks
-
 __all__ = ["DatasetShard", "end_call", "get_dataset_shard", "set_shards", "split_dataset", "timed"]
 
 _shards: Dict[str, "DatasetShard"] = {}
 _coordinators: List[Any] = []  # split coordinators this rank made in split_dataset during the call
-_held_blocks: Optional["HeldBlocks"] = None  # the exactly-once readers of split_dataset
+_held_blocks: Optional[Any] = None  # positional.HeldBlocks: the exactly-once readers of split_dataset (made on first use)
 
 
 class DatasetShard:
@@ -219,7 +216,7 @@ def _holder(dataset: Any, ranks: int) -> Any:
     return actor.remote(dataset, ranks)
 
 
-def _held() -> "HeldBlocks":
+def _held() -> Any:
     """This process's ``HeldBlocks`` (made on first use)."""
     global _held_blocks
     if _held_blocks is None:
