@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 # Where `make docs-build` writes the site (`make test` builds into a temporary folder).
 SITE ?= site
 
-.PHONY: venv install install-test install-docs horovod demo test test-gpu soak matrix bench docs docs-build clean
+.PHONY: venv install install-test install-docs horovod demo test test-gpu soak soak-full matrix bench docs docs-build clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,9 +74,10 @@ test: install-test
 	$(MAKE) horovod
 	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
 
-# The repetition variants at the counts the acceptance lists ask for (20
-# layout runs, 30 failing runs, 200 horovod re-inits, ...): leaks and rare
-# races that a short run would miss; the behaviours `make test` checks
+# The repetition variants (layout runs, failing runs, driver exits, 200
+# horovod re-inits): leaks and rare races that a short run would miss, at
+# the counts CI runs after every session (`make soak-full`: at the counts
+# the acceptance lists asked for, 20 and 30 runs); the behaviours `make test` checks
 # once, again through their other entry points, shapes and examples; and
 # the live tests whose behaviour `make test` shows through another (each
 # names it). In two processes, as the live tier of `make test`. A test still
@@ -84,6 +85,9 @@ test: install-test
 # lost to its timeout under xdist says nothing of where it waited.
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
+
+soak-full: install-test horovod
+	RAYDIST_SOAK_FULL=1 $(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
 
 # The version matrix (noxfile.py): raydist's wheel on the newest Python, torch
 # and Ray, and on the oldest pyproject.toml claims (pyenv's 3.13 and 3.9), each

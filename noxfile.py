@@ -2,6 +2,7 @@
 
     python -m nox            # both ends (make matrix; .ci/run runs it)
     python -m nox -s oldest  # one
+    python -m nox -s newest-live  # the newest, with the whole live tier of make test
 
 - ``newest``: the newest torch and Ray on the newest Python their wheels
   exist for;
@@ -79,7 +80,9 @@ def _check_versions(session: nox.Session, pins: List[str]) -> None:
             session.error(f"asked for {name}=={wanted}, got {got}")
 
 
-def _end(name: str, python: str, pins: List[str]) -> None:
+def _end(name: str, python: str, pins: List[str], live: List[str]) -> None:
+    """A session ``name``: the wheel, with ``pins``, on ``python``; the unit tier and the live tests ``live``."""
+
     @nox.session(name=name, python=_interpreter(python))
     def session(session: nox.Session) -> None:
         session.env["PIP_CONFIG_FILE"] = os.devnull  # torch from the index, not the machine's pinned CPU wheel
@@ -94,8 +97,12 @@ def _end(name: str, python: str, pins: List[str]) -> None:
         options = ["-q", "-p", "no:cacheprovider", "-c", os.path.join(REPO, "pyproject.toml"), "--rootdir", REPO, "-n", "2"]
         session.chdir(tempfile.mkdtemp(prefix="raydist-matrix-"))
         session.run("pytest", *options, os.path.join(REPO, "tests", "unit"))
-        session.run("pytest", *options, "--dist", "loadfile", *(os.path.join(REPO, test) for test in SMOKE))
+        session.run("pytest", *options, "--dist", "loadfile", *live)
 
 
 for _name, (_python, _pins) in ENDS.items():
-    _end(_name, _python, _pins)
+    _end(_name, _python, _pins, [os.path.join(REPO, test) for test in SMOKE])
+# The whole live tier of `make test` on the newest versions (about 10 minutes more: not in CI;
+# `python -m nox -s newest-live` before a release, or when torch or Ray move).
+_end("newest-live", *ENDS["newest"], ["-m", "not soak", os.path.join(REPO, "tests", "live")])
+nox.options.sessions = list(ENDS)

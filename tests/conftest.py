@@ -48,11 +48,15 @@ RAYDIST_ACTORS = (
 )  # StateKeeper: save_state's keeper and holders; BlockHolder: split_dataset(exactly_once=True)
 
 
-def repeats(quick: int, soak: int) -> "pytest.MarkDecorator":
+def repeats(quick: int, soak: int, every_session: Optional[int] = None) -> "pytest.MarkDecorator":
     """A repetition count: ``quick`` in ``make test`` (0: the test runs only in
-    ``make soak``), ``soak`` (the count the acceptance asks for) under the
-    ``soak`` marker, run by ``make soak``."""
+    ``make soak``), and under the ``soak`` marker ``soak``, the count the
+    acceptance asked for, or, where given, ``every_session``: what ``make
+    soak`` runs in CI after every session (the rare races add up over the
+    sessions), the full count with ``RAYDIST_SOAK_FULL=1`` (``make soak-full``)."""
     counts = [pytest.param(quick, id=f"x{quick}")] if quick else []
+    if every_session is not None and not os.environ.get("RAYDIST_SOAK_FULL"):
+        soak = every_session
     return pytest.mark.parametrize("repeat", [*counts, pytest.param(soak, id=f"x{soak}", marks=pytest.mark.soak)])
 
 

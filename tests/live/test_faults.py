@@ -152,7 +152,7 @@ def maybe_fail(index: int) -> int:
 
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(900)  # up to 30 runs of 2 fresh workers: 5-6 s each on 2 cores, more while the host steals them
-@repeats(0, 30)  # soak only: make test leak-checks every run it makes, and test_engine_faults' schedules check the ledger
+@repeats(0, 30, every_session=8)  # soak only: make test leak-checks every run it makes, and test_engine_faults' schedules check the ledger
 def test_thirty_runs_some_failing_leave_nothing_behind(repeat: int) -> None:
     for index in range(repeat):
         if index % 3 == 0:

@@ -212,7 +212,7 @@ def test_ctrl_c_while_ray_builds_the_drivers_core_worker_ends_the_program_cleanl
 
 
 @pytest.mark.timeout(900)  # 40 drivers, each starting a private Ray and two workers
-@repeats(0, 20)  # soak only: make test runs the interrupt that crashed (above); test_connect's drivers exit normally
+@repeats(0, 20, every_session=6)  # soak only: make test runs the interrupt that crashed (above); test_connect's drivers exit normally
 def test_a_python_drivers_exits_never_crash(tmp_path: Path, repeat: int) -> None:
     script = tmp_path / "driver.py"
     script.write_text(PYTHON_DRIVER)

@@ -35,7 +35,7 @@ def new_threads(before: Set[Optional[int]]) -> List[str]:
     return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
-@repeats(0, 20)  # soak only: every other live test's leak check looks for these files too
+@repeats(0, 20, every_session=6)  # soak only: every other live test's leak check looks for these files too
 def test_twenty_runs_some_failing_leave_no_files(repeat: int) -> None:
     before = {name for name in os.listdir(tempfile.gettempdir()) if "raydist" in name}
     threads_before = {t.ident for t in threading.enumerate()}

@@ -110,7 +110,7 @@ def node_ids(cluster: Any) -> Dict[str, str]:
 
 # 2 per node on 4-CPU nodes: both nodes' workers would fit on one, so distinct nodes are the layout's doing.
 @pytest.mark.timeout(1200)  # up to 20 groups of 4 fresh workers, each importing torch
-@repeats(1, 20)  # quick: once through WorkerGroup (its workers' nodes checked too); soak: run() as well
+@repeats(1, 20, every_session=6)  # quick: once through WorkerGroup (its workers' nodes checked too); soak: run() as well
 def test_two_nodes_of_three_through_the_api_every_time(cluster: Any, repeat: int) -> None:
     start = time.monotonic()
     for _ in range(repeat // 2):
@@ -134,7 +134,7 @@ def run_cli(argv: List[str], capfd: pytest.CaptureFixture) -> Dict[str, Any]:
 
 
 @pytest.mark.timeout(1200)
-@repeats(0, 20)  # soak only: the CLI entry point of the layout the API's test checks in make test
+@repeats(0, 20, every_session=6)  # soak only: the CLI entry point of the layout the API's test checks in make test
 def test_two_nodes_of_three_through_the_cli_every_time(cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture, repeat: int) -> None:
     script = tmp_path / "layout.py"
     script.write_text(SCRIPT)
