@@ -68,7 +68,7 @@ demo: $(EXAMPLES_INSTALLED)
 test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit
 	$(PY) -m mypy
 	@site=$$(mktemp -d) && $(MAKE) --no-print-directory docs-build SITE="$$site"; status=$$?; rm -rf "$$site"; exit $$status
 	$(MAKE) horovod

@@ -112,6 +112,9 @@ def slow_rank_in_the_first_attempt(slow_rank: int, count: int, delay: float) -> 
     return int(os.environ["TORCHELASTIC_RESTART_COUNT"]), float(t.item()), ray.get_runtime_context().get_node_id()
 
 
+# soak: make test names a real straggler (the first test) and replaces a hung rank with a spare
+# (test_hangs); which spare replaces a slow rank: tests/unit (test_engine_stragglers, test_rules)
+@pytest.mark.soak
 @pytest.mark.nodes(*[{"num_cpus": 2}] * 3)  # 4 ranks and a spare on three nodes of 2 CPUs
 def test_a_rank_slow_every_step_is_replaced_by_a_spare_on_another_node(cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="raydist")
