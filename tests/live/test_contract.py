@@ -121,12 +121,21 @@ def check_scenario(scenario: Scenario, tmp_path: Path) -> None:
         return
     group = raydist.WorkerGroup(**options)
     futures = [group.submit(behave, args=(scenario.steps, call, str(tmp_path))) for call in range(scenario.calls)]
-    other = act_once_rank_0_runs(scenario, tmp_path, group, futures)
-    outcomes: List[Any] = [None] * scenario.calls
-    for index in scenario.read_order:
-        outcomes[index] = read(futures[index])
-    if other is not None:
-        other.join(timeout=60)
+    # A process started with SIGINT ignored (a background job, nohup) keeps it
+    # ignored, and Ctrl-C then raises nothing: the scenario restores Python's own.
+    restore = scenario.other_thread == "interrupt" and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if restore:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        other = act_once_rank_0_runs(scenario, tmp_path, group, futures)
+        outcomes: List[Any] = [None] * scenario.calls
+        for index in scenario.read_order:
+            outcomes[index] = read(futures[index])
+        if other is not None:
+            other.join(timeout=60)
+    finally:
+        if restore:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     if scenario.other_thread == "interrupt":  # the call itself ended with the stop
         assert isinstance(read(futures[0]), raydist.WorkerGroupClosed)
     assert tuple(ending_of(outcome) for outcome in outcomes) == scenario.endings, outcomes

@@ -107,7 +107,7 @@ def test_recorded_handlers_run_as_the_interpreter_runs_them_at_exit() -> None:
             textwrap.dedent("""
             from raydist.pool.worker import exit_hooks
             exit_hooks.install_recorder()
-            exec(compile(open(0).read(), "<string>", "exec"))
+            exec(compile(open(0).read(), "<stdin>", "exec"))  # not "<string>": 3.13 shows the source of -c for it
             exit_hooks.run_recorded()
             print("after the script")
             exit_hooks.run_recorded()  # nothing twice

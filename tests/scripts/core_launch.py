@@ -42,8 +42,11 @@ def is_launcher_var(name: str) -> bool:
 
 
 def clean_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """A copy of os.environ without launcher variables, plus ``extra``."""
+    """A copy of os.environ without launcher variables, plus ``extra``; this
+    folder first on the path (the scripts here import their helpers from it,
+    also where PYTHONSAFEPATH keeps a script's own folder off the path)."""
     env = {k: v for k, v in os.environ.items() if not is_launcher_var(k)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 

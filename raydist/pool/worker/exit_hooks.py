@@ -71,8 +71,11 @@ def run_recorded() -> None:
 
 
 def _report(func: Callable[..., Any], error: BaseException) -> None:
-    """Python's own report of a handler that raised (``sys.unraisablehook``'s format)."""
-    text = f"Exception ignored in atexit callback: {func!r}\n"
+    """Python's own report of a handler that raised (``sys.unraisablehook``'s format, which 3.13 changed)."""
+    if sys.version_info >= (3, 13):
+        text = f"Exception ignored in atexit callback {func!r}:\n"
+    else:
+        text = f"Exception ignored in atexit callback: {func!r}\n"
     text += "".join(traceback.format_exception(type(error), error, error.__traceback__.tb_next if error.__traceback__ else None))
     try:
         sys.stderr.write(text)
