@@ -72,7 +72,7 @@ test: install-test
 	$(PY) -m mypy
 	@site=$$(mktemp -d) && $(MAKE) --no-print-directory docs-build SITE="$$site"; status=$$?; rm -rf "$$site"; exit $$status
 	$(MAKE) horovod
-	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/live
+	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 --durations=15 tests/live
 
 # The repetition variants (layout runs, failing runs, driver exits, 200
 # horovod re-inits): leaks and rare races that a short run would miss, at
@@ -80,14 +80,16 @@ test: install-test
 # the acceptance lists asked for, 20 and 30 runs); the behaviours `make test` checks
 # once, again through their other entry points, shapes and examples; and
 # the live tests whose behaviour `make test` shows through another (each
-# names it). In two processes, as the live tier of `make test`. A test still
+# names it). In two processes, as the live tier of `make test` (a process
+# that dies is not replaced: pytest-xdist's file-by-file handing out then
+# waits forever for the dead process's files; the run stops, naming the test). A test still
 # running after 200 s prints every thread's stack (and goes on): a process
 # lost to its timeout under xdist says nothing of where it waited.
 soak: install-test horovod
-	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
+	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 --durations=15 -o faulthandler_timeout=200 tests/live
 
 soak-full: install-test horovod
-	RAYDIST_SOAK_FULL=1 $(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o faulthandler_timeout=200 tests/live
+	RAYDIST_SOAK_FULL=1 $(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 --durations=15 -o faulthandler_timeout=200 tests/live
 
 # The version matrix (noxfile.py): raydist's wheel on the newest Python, torch
 # and Ray, and on the oldest pyproject.toml claims (pyenv's 3.13 and 3.9), each

@@ -88,7 +88,13 @@ class RayCluster:
         time.sleep(seconds)
 
     def after(self, delay: float, fn: Callable[[], None], name: str) -> threading.Timer:
-        timer = threading.Timer(delay, fn)
+        def run() -> None:
+            # After ray.shutdown() a Ray call from any thread ends the whole process
+            # (Ray's own exit): a poll due after the user shut Ray down does nothing.
+            if ray.is_initialized():
+                fn()
+
+        timer = threading.Timer(delay, run)
         timer.name, timer.daemon = name, True  # a poll never keeps the driver's process alive
         timer.start()
         return timer
