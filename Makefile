@@ -88,8 +88,8 @@ test: install-test
 soak: install-test horovod
 	$(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 --durations=15 -o faulthandler_timeout=200 tests/live
 
-soak-full: install-test horovod
-	RAYDIST_SOAK_FULL=1 $(PY) -m pytest -q -m soak -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 --durations=15 -o faulthandler_timeout=200 tests/live
+soak-full: export RAYDIST_SOAK_FULL := 1
+soak-full: soak
 
 # The version matrix (noxfile.py): raydist's wheel on the newest Python, torch
 # and Ray, and on the oldest pyproject.toml claims (pyenv's 3.13 and 3.9), each
