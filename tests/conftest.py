@@ -67,21 +67,13 @@ _current: Dict[str, Any] = {"kind": None, "cluster": None, "nodes": None, "specs
 
 
 # raydist's driver threads that make Ray calls on their own (``Cluster.after``'s polls).
-POLL_THREADS = ("raydist-group-watcher", "raydist-straggler-watch", "raydist-spare")
-
-
-def _let_raydists_polls_end(within: float = 10.0) -> None:
-    """Before this process shuts its Ray down for the next test: a poll of a run
-    that ended may still be in a Ray call, and a Ray call that meets the
-    shutdown ends the whole process (Ray's own exit). Dropped runs are
-    collected first (their polls then stop)."""
+def _end_dropped_runs() -> None:
+    """Before this process shuts its Ray down for the next test: a group a test
+    dropped without ``shutdown()`` is shut down when collected (its end waits
+    for its polls: a Ray call that meets the shutdown ends the whole process)."""
     import gc
 
     gc.collect()
-    deadline = time.monotonic() + within
-    for thread in threading.enumerate():
-        if thread.name in POLL_THREADS and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _shutdown_current() -> None:
@@ -90,7 +82,7 @@ def _shutdown_current() -> None:
     import ray
 
     if ray.is_initialized():
-        _let_raydists_polls_end()
+        _end_dropped_runs()
         ray.shutdown()
     cluster = _current["cluster"]
     if cluster is not None:

@@ -48,6 +48,11 @@ class VirtualTimer:
     def cancel(self) -> None:
         self.cancelled = True
 
+    def join(self, timeout: float) -> None:
+        """At once: the clock runs one function at a time, so a timer's function
+        under way now is one waiting below the caller (its wait moved the clock
+        into the caller), which goes on once the caller returns."""
+
 
 class VirtualClock:
     def __init__(self) -> None:

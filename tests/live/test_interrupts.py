@@ -223,3 +223,19 @@ def test_a_python_drivers_exits_never_crash(tmp_path: Path, repeat: int) -> None
             python_driver_exit(script, "build")
         else:
             python_driver_exit(script, "signal", 0.5 + 6.0 * index / repeat)
+
+
+@pytest.mark.soak  # its own 2-node cluster; the mechanics (a run's end waits for its polls) are unit-tested: tests/unit/driver/test_polls_end.py
+def test_a_driver_that_shuts_ray_down_right_after_a_lost_node_goes_on() -> None:
+    """After ``ray.shutdown()`` a Ray call from any thread ends the process: no
+    poll of a run that ended may still be in one."""
+    script = REPO / "tests" / "live" / "scripts" / "shutdown_after_a_lost_node.py"
+    driver = subprocess.run(
+        [sys.executable, str(script), "3"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
+    assert driver.returncode == 0 and driver.stdout.endswith("the driver went on\n"), driver.stdout + driver.stderr
+    assert driver.stdout.count("shut down after: its node died or left the cluster") == 3, driver.stdout

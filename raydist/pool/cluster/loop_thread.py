@@ -1,4 +1,5 @@
-"""``LoopThread``: a run's control loop on a thread of its own (``RayCluster.run_loop``).
+"""``LoopThread``: a run's control loop on a thread of its own (``RayCluster.run_loop``);
+``PollTimer``: a poll's (``RayCluster.after``).
 
 The thread turns the loop whenever it is woken and at the moment the last
 turn asked for, one turn at a time; it holds the turn function weakly, so a
@@ -67,3 +68,12 @@ class LoopThread:
                 logger.exception("raydist: the run's control loop failed a turn")
                 due = None
             del turn  # not held between turns: the run stays collectable
+
+
+class PollTimer(threading.Timer):
+    """``Cluster.after``'s timer: a thread, joined (``Timer.join``) from any thread but its
+    own (a poll that ends the run itself goes on; joining itself would raise)."""
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        if threading.current_thread() is not self:
+            super().join(timeout)

@@ -24,7 +24,7 @@ from raydist.errors import WorkerGroupClosed
 from raydist.pool import ray_private
 from raydist.pool.cluster import placement
 from raydist.pool.cluster.connect import connect, connected_session
-from raydist.pool.cluster.loop_thread import LoopThread
+from raydist.pool.cluster.loop_thread import LoopThread, PollTimer
 from raydist.pool.cluster.seam import CallFailed, Pending, Printer, Worker, WorkerDied
 from raydist.pool.records import ClusterNode
 from raydist.pool.rules.sizing import Request
@@ -87,14 +87,14 @@ class RayCluster:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def after(self, delay: float, fn: Callable[[], None], name: str) -> threading.Timer:
+    def after(self, delay: float, fn: Callable[[], None], name: str) -> "PollTimer":
         def run() -> None:
             # After ray.shutdown() a Ray call from any thread ends the whole process
             # (Ray's own exit): a poll due after the user shut Ray down does nothing.
             if ray.is_initialized():
                 fn()
 
-        timer = threading.Timer(delay, run)
+        timer = PollTimer(delay, run)
         timer.name, timer.daemon = name, True  # a poll never keeps the driver's process alive
         timer.start()
         return timer

@@ -49,6 +49,13 @@ class Timer(Protocol):
 
     def cancel(self) -> None: ...
 
+    def join(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until the function has returned if it
+        had started (at once if it was cancelled first, or when called from the
+        function itself): a run that has ended makes no cluster call after, which
+        once the user shuts the cluster down would end their process (Ray)."""
+        ...
+
 
 class LoopRunner(Protocol):
     """Runs a run's control loop (``Cluster.run_loop``): one turn at a time, never two at once."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, cast
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, cast
 
 from raydist.errors import WorkerFailure
 from raydist.pool.cluster.seam import Cluster, Worker
@@ -21,6 +21,7 @@ from raydist.pool.rules.explain import explain_death
 from raydist.pool.worker.evidence import NodeAgent
 
 EVIDENCE_TIMEOUT_S = 10.0
+ASK_SLICE_S = 0.1  # a poll's ask looks this often whether its watch was stopped (``ask(stopping=)``)
 Requests = List[Tuple[int, int, WorkerEvidence]]  # (rank, pid, evidence) on one node
 
 
@@ -94,10 +95,14 @@ class NodeAgents:
         *args: object,
         timeout: float = EVIDENCE_TIMEOUT_S,
         start_missing: bool = True,
+        stopping: Optional[Callable[[], bool]] = None,
     ) -> Dict[int, object]:
         """``NodeAgent.<method>`` for ``ranks``, one call per node, in parallel;
         ranks whose node (or agent) does not answer within ``timeout`` are
-        left out, and so are nodes without an agent unless ``start_missing``."""
+        left out, and so are nodes without an agent unless ``start_missing``.
+        With ``stopping``, the wait ends (what arrived so far kept) within
+        ``ASK_SLICE_S`` of it turning True: a poll's ask on a lost node's agent
+        never holds up the run's end."""
         by_node: Dict[str, Requests] = {}
         for rank in ranks:
             worker = workers[rank]
@@ -109,13 +114,27 @@ class NodeAgents:
         cluster = self._cluster
         refs = [cluster.call(self._actors[node], method, requests, *args) for node, requests in by_node.items() if node in self._actors]
         found: Dict[int, object] = dict(getattr(self._here, method)(here, *args)) if here else {}
-        ready, _ = cluster.wait(refs, num_returns=len(refs), timeout=timeout)
+        ready = self._wait(refs, timeout, stopping)
         for ref in ready:
             try:
                 found.update(cluster.get([ref])[0])
             except Exception:  # noqa: BLE001 - an agent whose node went away: that evidence is missing
                 pass
         return found
+
+    def _wait(self, refs: List[object], timeout: float, stopping: Optional[Callable[[], bool]]) -> List[object]:
+        """The calls of ``refs`` that ended within ``timeout`` (or before ``stopping()``)."""
+        cluster = self._cluster
+        if stopping is None:
+            return cluster.wait(refs, num_returns=len(refs), timeout=timeout)[0]
+        deadline, ready, pending = cluster.monotonic() + timeout, [], list(refs)
+        while pending and not stopping():
+            left = deadline - cluster.monotonic()
+            if left <= 0:
+                break
+            done, pending = cluster.wait(pending, num_returns=len(pending), timeout=min(ASK_SLICE_S, left))
+            ready += done
+        return ready
 
     def clock(self, node_id: str, timeout: float) -> Optional[int]:
         """``time.time_ns()`` read by the agent on ``node_id``; None where there

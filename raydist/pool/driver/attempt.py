@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from raydist.errors import COLLECTIVES_HEADER, WorkerFailure, WorkerGroupClosed
@@ -188,6 +189,14 @@ class Attempt:
         watch = self._watch
         if watch is not None:
             self.summary.collectives(self.number, watch.waits, watch.first_at, list(watch.first_named.values()))
+
+    def wait_watching_ended(self, timeout: float) -> None:
+        """After ``stop_watching()``: wait, at most ``timeout`` s in all, for a poll
+        under way to end (the run's end: no poll may reach the cluster after it)."""
+        deadline = time.monotonic() + timeout
+        for watcher in (self._drains, self._watch):
+            if watcher is not None:
+                watcher.wait_stopped(max(0.0, deadline - time.monotonic()))
 
     def close_output(self, call: Optional[int] = None, results: Sequence[Any] = (), failed_ranks: Sequence[int] = ()) -> None:
         """The last call's lines (``call``, if given), then this attempt's files closed; once."""

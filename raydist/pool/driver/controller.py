@@ -69,7 +69,7 @@ from raydist.pool.driver.lifecycle import Lifecycle, weakly
 from raydist.pool.driver.log_files import RunLogs
 from raydist.pool.driver.output import router_for
 from raydist.pool.driver.restart import WarmRestart
-from raydist.pool.driver.startup import GroupBuilder, Holdings
+from raydist.pool.driver.startup import POLL_END_S, GroupBuilder, Holdings
 from raydist.pool.driver.state import RunState
 from raydist.pool.driver.summary import RunResults, RunSummary
 from raydist.pool.driver.waiting import CallWait, Waited
@@ -520,6 +520,8 @@ class RunController:
             if holdings is not None:
                 holdings.release(graceful)
             self._state.release(self.cluster)  # after the ranks: the last step they saved is written out first
+        if attempt is not None:  # no poll of the run reaches the cluster once it has ended (the user may shut it down)
+            attempt.wait_watching_ended(POLL_END_S)
         self._hooks.stop()
         self.summary.ended(cause.value)
         endings: List[Tuple[WorkerFuture, Optional[List[Any]], Optional[RaydistError]]] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Collection, List, Mapping, Optional, Sequence, Set
@@ -67,7 +68,7 @@ class SparePool:
         self._ready: List[Spare] = []
         self._starting: dict = {}  # bundle -> actor (None: reserved, waiting REFILL_DELAY_S)
         self._closed = threading.Event()  # set by close()
-        self._timers: List[Timer] = []  # refills waiting out their delay (cancelled by close())
+        self._timers: List[Timer] = []  # every refill's (cancelled by close(), joined by wait_closed())
         self._ahead: Any = None  # the call spares run ahead to its load_state (run_ahead), as sent
         self._ahead_given: Set[int] = set()  # bundles of the spares that run it
 
@@ -168,7 +169,15 @@ class SparePool:
             self._closed.set()
             actors = [s.actor for s in self._ready] + [a for a in self._starting.values() if a is not None]
             self._ready, self._starting, timers = [], {}, self._timers
-            self._timers = []
         for timer in timers:
             timer.cancel()
         return actors
+
+    def wait_closed(self, timeout: float) -> None:
+        """After ``close()``: wait, at most ``timeout`` s in all, for the spares
+        being started to end (their calls fail fast once their actors are killed)."""
+        with self._lock:
+            timers = list(self._timers)
+        deadline = time.monotonic() + timeout
+        for timer in timers:
+            timer.join(max(0.0, deadline - time.monotonic()))

@@ -58,6 +58,7 @@ logger = logging.getLogger("raydist")
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
+POLL_END_S = 2.0  # a run's end waits this long at most for its polls under way (each ends within a slice of its stop)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Holdings:
                 for agent in agents:
                     cluster.kill(agent)
                 _wait_dead(cluster, agents)
+                self.spares.wait_closed(POLL_END_S)  # a spare being started makes no cluster call after
 
 
 def _wait_dead(cluster: Cluster, actors: List[Worker]) -> None:

@@ -38,6 +38,7 @@ POLL_INTERVAL_S = 0.5
 REPORT_EVERY_S = 300.0  # a rank still late is named again after this long
 KEPT_ENTRIES = 128  # per rank, across polls
 CLOCK_SAMPLES = 3
+CLOCK_TIMEOUT_S = 1.0  # a round trip slower than this tells nothing of a clock's offset
 HangSeen = Callable[[int, NotArrived, float], None]  # (attempt, the hang, seconds it lasted)
 SlowSeen = Callable[[int, Straggler, int], None]  # (attempt, the straggler, windows it stayed late)
 
@@ -89,10 +90,18 @@ class StragglerWatch:
         return self
 
     def stop(self) -> None:
+        """Stop polling; returns at once (a poll under way ends within an ask's slice)."""
         self._stop.set()
         with self._lock:
             if self._next is not None:
                 self._next.cancel()
+
+    def wait_stopped(self, timeout: float) -> None:
+        """After ``stop()``: wait, at most ``timeout`` s, for a poll under way to end."""
+        with self._lock:
+            last = self._next
+        if last is not None:  # (the poll under way is the last timer's: once stopped, it schedules none)
+            last.join(timeout)
 
     def _schedule(self) -> None:
         with self._lock:
@@ -119,7 +128,7 @@ class StragglerWatch:
     def poll(self) -> List[Straggler]:
         """Read every rank's recorder once, update the verdict, name new stragglers."""
         ranks = [w.rank for w in self._workers]
-        found = self._agents.ask(self._workers, ranks, "collectives", timeout=5.0, start_missing=False)
+        found = self._agents.ask(self._workers, ranks, "collectives", timeout=5.0, start_missing=False, stopping=self._stop.is_set)
         for rank, entries in found.items():
             kept = self._history[rank]
             for entry in entries or ():  # type: ignore[attr-defined]
@@ -215,8 +224,10 @@ class StragglerWatch:
                 continue
             samples = []
             for _ in range(CLOCK_SAMPLES):
+                if self._stop.is_set():
+                    break
                 sent = time.time_ns()
-                remote = self._agents.clock(node, timeout=5.0)
+                remote = self._agents.clock(node, timeout=CLOCK_TIMEOUT_S)
                 back = time.time_ns()
                 if remote is not None:
                     samples.append((back - sent, remote - (sent + back) // 2))

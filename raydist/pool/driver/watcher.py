@@ -59,6 +59,13 @@ class GroupWatcher:
             if self._next is not None:
                 self._next.cancel()
 
+    def wait_stopped(self, timeout: float) -> None:
+        """After ``stop()``: wait, at most ``timeout`` s, for a poll under way to end."""
+        with self._lock:
+            last = self._next
+        if last is not None:  # (the poll under way is the last timer's: once stopped, it schedules none)
+            last.join(timeout)
+
     def _now(self) -> float:
         return self._cluster.time() if self._cluster is not None else time.time()
 
