@@ -121,6 +121,22 @@ def test_worker_group_reuses_one_process_group_across_calls() -> None:
     assert_nothing_left()
 
 
+def file_growth_by_print() -> List[int]:
+    """How much the file behind fd 1 grew after a print without its newline, then after the newline."""
+    before = os.fstat(1).st_size
+    print("half a line", end="")
+    half = os.fstat(1).st_size
+    print(" and its end")
+    return [half - before, os.fstat(1).st_size - half]
+
+
+def test_a_workers_printed_line_is_written_whole() -> None:
+    """Ray's worker streams write each piece of a print at once (which its log monitor
+    may forward as lines of their own); a worker writes a line whole at its newline
+    (tests/unit/worker/test_whole_lines.py)."""
+    assert raydist.run(file_growth_by_print, num_workers=2) == [[0, len("half a line and its end\n")]] * 2
+
+
 def wait_done(future: "raydist.WorkerFuture", timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not future.done():

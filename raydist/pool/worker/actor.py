@@ -27,7 +27,7 @@ from raydist.pool.worker import datasets, debugger, exit_hooks, state_client
 from raydist.pool.worker.connections import Connection, hold_store, note_groups_created, reserve_port, shut_down, tcp_connections
 from raydist.pool.worker.evidence import leave_evidence, scratch_dir, user_code_interruptible
 from raydist.pool.worker.group_refs import GroupRefs
-from raydist.pool.worker.markers import marks_output
+from raydist.pool.worker.markers import marks_output, write_whole_lines
 from raydist.pool.worker.recorder import recent_collectives, serve_diagnostics
 from raydist.pool.worker.run_ahead import RunAhead
 
@@ -167,6 +167,7 @@ class RayWorker:
         self._post_mortem = False
         self._evidence: Optional[WorkerEvidence] = None
         exit_hooks.install_recorder()  # a script's atexit handlers run when it ends (see run_script)
+        write_whole_lines()  # a printed line reaches the driver whole
         self._group_connections: FrozenSet[Connection] = frozenset()  # opened by the process groups
         self._created_groups = GroupRefs()  # the code's own groups, freed last (see group_refs)
         self._reserved: Optional[socket.socket] = None  # the free port this worker offered for MASTER_PORT

@@ -35,6 +35,25 @@ class Printed:
     streams: Tuple[bool, bool]  # (stdout, stderr)
 
 
+def write_whole_lines() -> None:
+    """This process's ``sys.stdout`` and ``sys.stderr`` write a line at once.
+
+    A Ray worker's streams flush after every write, so ``print("loss", x)``
+    reaches the file in pieces ("loss", " ", x, the newline), and the log
+    monitor, which forwards whatever the file holds when it looks, can cut
+    the line in two at the console and in the rank's log. Each stream
+    becomes a line-buffered one over the same descriptor: a line is written
+    whole at its newline (or a flush), as a terminal does under torchrun."""
+    for name, errors in (("stdout", "strict"), ("stderr", "backslashreplace")):  # Python's own for each
+        stream = getattr(sys, name)
+        try:
+            fd = stream.fileno()
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # not a file (the code's own): left as it is
+            continue
+        setattr(sys, name, open(fd, "a", buffering=1, encoding="utf-8", errors=errors, closefd=False))
+
+
 def _flushed_sizes() -> Tuple[int, int]:
     """The sizes of the files behind fd 1 and 2 (-1: unknown), Python's buffers flushed first."""
     for stream in (sys.stdout, sys.stderr):
