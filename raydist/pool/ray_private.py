@@ -24,6 +24,7 @@ _warned: set = set()
 # display name and prefixes the actor's later output with it ("(rank=3 pid=...)").
 # No public API names an actor's log prefix after creation.
 ACTOR_NAME_TOKEN = ":actor_name:"
+HANDOVER_POLL_S = 0.005  # wait_actor_handed_over's look at the GCS actor table
 
 
 def warn_once(key: str, message: str) -> None:
@@ -150,6 +151,29 @@ def job_is_alive(job_id: str) -> bool:
         warn_once("jobs", f"cannot read Ray's job table ({type(error).__name__}: {error}); a killed driver's state is kept")
         return True
     return not any(job["JobID"] == job_id and job["IsDead"] for job in jobs)
+
+
+def wait_actor_handed_over(actor: Any, timeout: float) -> None:
+    """Return once the GCS has taken ``actor``'s creation (its state past
+    ``DEPENDENCIES_UNREADY``), or after ``timeout`` seconds.
+
+    Until then the creating process owns the creation, even of a detached
+    actor: if it dies first (a rank's ``os._exit`` right after it created
+    the run's state keeper), the GCS cancels the actor, and every later
+    caller finds it dead under its name. Ray has no public wait for it; the
+    GCS actor table says (a few milliseconds). Where it cannot be read, no
+    wait: the actor is then as safe as Ray made it.
+    """
+    actor_id = actor._actor_id.hex()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            row = ray._private.state.actors(actor_id=actor_id)
+            if row and row.get("State") != "DEPENDENCIES_UNREADY":
+                return
+            time.sleep(HANDOVER_POLL_S)  # a GCS read per poll, no event to wait on
+    except Exception as error:  # noqa: BLE001 - a private API of another Ray version
+        warn_once("actor-table", f"cannot read Ray's actor table ({type(error).__name__}: {error})")
 
 
 def available_resources_per_node() -> Dict[str, Dict[str, float]]:

@@ -51,6 +51,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydist.core import state
 from raydist.core.state import Snapshot, StateStore, check_world, from_bytes, host_copy, storage_pointer
 from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
+from raydist.pool.ray_private import wait_actor_handed_over
 from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 from raydist.pool.rules.commits import store_room_warning
 from raydist.pool.timeline import SPANS
@@ -58,6 +59,7 @@ from raydist.pool.worker.metrics import FIGURES_HERE, state_waited
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
 from raydist.pool.worker.state_parts import Deferred, on_device, pack, pack_later, tensor_bytes, tensors_of, unpack
 
+KEEPER_HANDOVER_S = 10.0  # how long a rank that created the keeper waits for the GCS to take its creation
 FLUSH_TIMEOUT = 120.0  # seconds a finished call waits for its last step to reach the holders
 ASK_FIRST_BYTES = 8 * 2**20  # a step at least this big saved while one is on its way out: the keeper is asked before it is copied
 
@@ -447,6 +449,8 @@ class RayStateStore(StateStore):
                     .options(name=name, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=placement)
                     .remote(True, self._settings.get("state_dir"), int(self._settings.get("keep", 2)))
                 )
+                # Not its start (that overlaps the first steps): only that this process's death can no longer cancel it.
+                wait_actor_handed_over(self._keeper, KEEPER_HANDOVER_S)
         return self._keeper
 
     def _holder_list(self) -> List[Tuple[str, Any]]:
