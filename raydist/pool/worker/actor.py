@@ -87,6 +87,19 @@ def _freeze_imports() -> None:
         _imports_frozen = True
 
 
+def _import_for_setup() -> None:
+    """What ``setup`` imports in a process that never set up: its spec's classes
+    (read before the call starts), its own imports and torch.distributed's
+    backend class. A spare does it while standing by: when it takes a rank, these
+    tens of milliseconds would hold up the whole world's initialisation."""
+    import raydist.config.options  # noqa: F401 - a WorkerSpec's config
+    from raydist.core import collectives, initialize  # noqa: F401
+    from raydist.core.backend import backend_entry, load
+    from raydist.pool.worker import object_store  # noqa: F401
+
+    load(backend_entry(None).worker)
+
+
 def _exit_code(code: Any) -> int:
     if code is None:
         return 0
@@ -363,8 +376,7 @@ class RayWorker:
         except ImportError:
             pass
 
-        from raydist.core import collectives  # noqa: F401
-
+        _import_for_setup()
         os.environ.update(env)
         self._device_type = device_type
         _pin_device(device_type)
