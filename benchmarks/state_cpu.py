@@ -92,21 +92,13 @@ def cpu_by_kind() -> Dict[str, float]:
     return totals
 
 
-def _wait_sent() -> None:
-    from raydist.pool.worker import state_client
-
-    for store in state_client._stores.values():
-        if store._sending is not None:
-            store._sending.join()  # the step is committed
-
-
 def profile(mb: int, saves: int, shared: bool, gap: float) -> Dict[str, Any]:
     instrument()
     model, optimizer = build(mb)
     kept = SHARED if shared else {}
     for step in range(2):  # keeper and holders started, both slots touched
         raydist.save_state(step, model=model, optimizer=optimizer, **kept)
-    _wait_sent()
+    raydist.wait_committed()  # the newest step committed: nothing of these saves is on its way
     dist.barrier()
     STAGES.clear()
     before = cpu_by_kind() if dist.get_rank() == 0 else {}
@@ -117,7 +109,7 @@ def profile(mb: int, saves: int, shared: bool, gap: float) -> Dict[str, Any]:
         began = time.perf_counter()
         raydist.save_state(step, model=model, optimizer=optimizer, **kept)
         blocking.append(time.perf_counter() - began)
-    _wait_sent()
+    raydist.wait_committed()
     dist.barrier()
     wall = time.perf_counter() - started
     after = cpu_by_kind() if dist.get_rank() == 0 else {}
