@@ -3,7 +3,7 @@
 Every rank's initialisation waits for the slowest to join the rendezvous: a
 spare that still imported its set-up's modules (its spec's configuration
 classes, the backend's worker class) when its call came held up the whole
-world of a warm restart by tens of milliseconds (80 ms on 2 busy cores).
+world of a warm restart by tens of milliseconds (65-95 ms on 2 busy cores).
 """
 
 from __future__ import annotations
