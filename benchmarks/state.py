@@ -50,6 +50,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import expose_to_workers, load_line, machine_line, two_simulated_nodes
@@ -122,7 +123,8 @@ def _saver(how: str, model: Any, optimizer: Any, folder: str) -> Any:
 
     def save(step: int) -> None:
         if how == "copy":  # one copy of every tensor into memory reused from step to step: what any snapshot must at least do
-            live = _tensors({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            live = [leaf for leaf in tree_leaves(state) if isinstance(leaf, torch.Tensor)]
             if not copies:
                 copies.extend(torch.empty_like(t) for t in live)
             for copy, tensor in zip(copies, live):
@@ -141,16 +143,6 @@ def _saver(how: str, model: Any, optimizer: Any, folder: str) -> Any:
             pending.append(dcp.async_save(state, checkpoint_id=os.path.join(folder, f"o-{step}"), process_group=group))
 
     return save
-
-
-def _tensors(value: Any) -> List[Any]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 OVERHEAD_CASES = [
