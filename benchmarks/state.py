@@ -17,7 +17,9 @@ object store ``--store-gib`` (3 GiB).
   the optimizer's step; the commit lag (how many steps the committed step
   trails the one being saved). The step keeps the CPU busy (4 ranks on the
   machine's cores, so any copy in the background slows it), or with
-  ``--idle-steps`` leaves it free, as a rank whose GPU does the work.
+  ``--idle-steps`` leaves it free, as a rank whose GPU does the work. A
+  table per ``--state-overhead`` (the run's ``state_overhead``: by default
+  the default, 0.05, and ``none``, every step the ranks can send).
 * recovery: a rank dies (``os._exit``, after writing ``time.time()``), or a
   node holding two of the ranks is removed (``Cluster.remove_node``; the
   driver writes the time just before), with a third node as big added before
@@ -33,7 +35,7 @@ object store ``--store-gib`` (3 GiB).
   state of ``--mb 1000`` fits a small machine (``--store-gib 4``): per rank
   it would take 1 GB x 4 ranks x 2 places x 2 steps of object store.
 
-    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick] [--idle-steps] [--reps N] [--cases TEXT,...]
+    python benchmarks/state.py [--mb 100] [--parts save,overhead,recovery] [--quick] [--idle-steps] [--state-overhead 0.05,none] [--reps N] [--cases TEXT,...]
     python benchmarks/state.py --mb 1000 --shared --store-gib 4
 """
 
@@ -46,7 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -201,9 +203,9 @@ def overhead(mb: int, steps: int, step_ms: float, folder: str, shared_only: bool
             waited += time.perf_counter() - before
             dist.barrier()
             if every and step % every == 0:
-                if how.startswith("save_state") and step >= 2 * every:  # (before: the previous case's last commit)
-                    committed = raydist.wait_committed(timeout=0)
-                    behind.append(base + step - (committed if committed is not None else -1))
+                committed = raydist.wait_committed(timeout=0) if how.startswith("save_state") else None
+                if committed is not None and committed >= base:  # (before its first commit: the previous case's)
+                    behind.append(base + step - committed)
                 before = time.perf_counter()
                 save(base + step)
                 waited += time.perf_counter() - before
@@ -237,15 +239,20 @@ def print_save_costs(options: argparse.Namespace, folder: str) -> None:
 
 
 def print_overhead(options: argparse.Namespace, folder: str) -> None:
-    steps = 10 if options.quick else 30
+    for text in options.state_overhead.split(","):
+        print_overhead_at(options, folder, None if text.strip().lower() == "none" else float(text))
+
+
+def print_overhead_at(options: argparse.Namespace, folder: str, budget: Optional[float]) -> None:
+    steps = options.steps or (10 if options.quick else 30)
     args = (options.mb, steps, options.step_ms, folder, options.shared, options.idle_steps)
-    result = raydist.run(overhead, args=args, num_workers=4, placement_strategy="SPREAD")[0]
+    result = raydist.run(overhead, args=args, num_workers=4, placement_strategy="SPREAD", state_overhead=budget)[0]
     times, lags = result["times"], result["lags"]
     print(
         f"\n## step time, {_what(options)} ({options.step_ms:g} ms of {'idle ' if options.idle_steps else ''}work + a barrier, "
-        f"{steps} steps each)\n\n"
-        "The commit lag: how many steps the committed step trails the one being saved, read just before each save "
-        "(rank 0; a save every 10 steps trails by 10 when each commit comes before the next save).\n\n"
+        f"{steps} steps each), state_overhead={budget}\n\n"
+        "The commit lag: how many steps the committed step trails the one being saved, read just before each save, "
+        "from the case's first commit on (rank 0; a save every 10 steps trails by 10 when each commit comes before the next save).\n\n"
         "| saving | step s | overhead | of which in the save and optimizer.step() | commit lag, mean / most (steps) |\n|---|---|---|---|---|"
     )
     waits = result["waits"]
@@ -287,6 +294,12 @@ def main() -> None:
     parser.add_argument("--shared", action="store_true", help="save the model and optimizer as shared state (DDP's case) only")
     parser.add_argument(
         "--idle-steps", action="store_true", help="overhead: a step leaves the CPU free (a GPU's step), instead of busy on it"
+    )
+    parser.add_argument("--steps", type=int, default=0, help="overhead: steps per case (default 30, 10 with --quick)")
+    parser.add_argument(
+        "--state-overhead",
+        default="0.05,none",
+        help="overhead: the runs' state_overhead, comma-separated, a table each ('none': every step the ranks can send)",
     )
     options = parser.parse_args()
     import ray

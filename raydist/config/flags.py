@@ -53,6 +53,16 @@ def _converter(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
 
 parse_int = _converter(int, "a whole number")
 parse_seconds = _converter(float, "a number of seconds")
+_parse_share = _converter(float, "a number between 0 and 1")
+
+
+def parse_share_or_none(value: str) -> Any:
+    """A share such as 0.05, or the word ``none`` (any case; ``none_share`` makes it None: "no limit")."""
+    return "none" if value.lower() == "none" else _parse_share(value)
+
+
+def none_share(value: Any) -> Optional[float]:
+    return None if value == "none" else value
 
 
 def parse_resources(value: str) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ import os
 import signal
 from typing import Any, Tuple
 
-from raydist.config.flags import flag, none_word, parse_int, parse_seconds
+from raydist.config.flags import flag, none_share, none_word, parse_int, parse_seconds, parse_share_or_none
 from raydist.config.option import Option
 from raydist.config.values import at_least, check_bool, check_seconds, choice, is_number, optional, type_name
 from raydist.core import state_fs
@@ -373,6 +373,21 @@ STATE_DIR = Option(
         help="also write committed save_state steps to DIR (on the driver's machine) or a pyarrow/fsspec URI "
         "(s3://bucket/path, gs://..., file:///dir) in the background, "
         "and resume from the newest one there when a new run starts; a step cut short is never loaded",
+    ),
+)
+STATE_OVERHEAD = Option(
+    0.05,
+    check=optional(check_fraction),
+    doc="the share of the training loop's time that sending ``save_state`` steps may cost, as measured "
+    "at each save: a rank that saves more often than that sends only some of the steps (the committed "
+    "step trails further). None: every step it can, as soon as the last one is committed.",
+    flag=flag(
+        "--state-overhead",
+        parse=parse_share_or_none,
+        to_option=none_share,
+        metavar="SHARE",
+        help="the share of the loop's time sending save_state steps may cost, as measured; saved more often, "
+        "only some steps are sent; 'none': every step it can (default {default:g})",
     ),
 )
 STATE_KEEP = Option(

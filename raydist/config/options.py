@@ -74,6 +74,7 @@ class RunConfig:
     survivor_timeout: float = life.SURVIVOR_TIMEOUT.field()
     state_dir: Optional[str] = life.STATE_DIR.field()
     state_keep: int = life.STATE_KEEP.field()
+    state_overhead: Optional[float] = life.STATE_OVERHEAD.field()
     timeline: Optional[str] = logs.TIMELINE.field()
 
     def __post_init__(self) -> None:

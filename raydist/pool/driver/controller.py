@@ -111,7 +111,7 @@ class RunController:
             RunLogs(config),
             router_for(config, cluster),
             weakly(self._room_found, None),  # held weakly: a group dropped without shutdown() is freed
-            extra_env=self._state.env(cluster, config.state_dir, config.state_keep),
+            extra_env=self._state.env(cluster, config.state_dir, config.state_keep, config.state_overhead),
             stopping=weakly(self._stop_requested, True),  # its waits give way to a stop asked meanwhile
             hang_seen=weakly(self._hang_seen, None),
             slow_seen=weakly(self._slow_seen, None),

@@ -39,9 +39,10 @@ class RunState:
         """A group's state: the run's ``name`` (released by the run), or its own."""
         return RunState() if name is None else RunState(name, owned=False)
 
-    def env(self, cluster: Cluster, state_dir: Optional[str], keep: int) -> Dict[str, str]:
-        """The variable that tells every rank where the run's state lives (``state_dir``, ``keep``: the run's options)."""
-        settings = {"name": self.name, "driver_node": cluster.driver_node(), "state_dir": state_dir, "keep": keep}
+    def env(self, cluster: Cluster, state_dir: Optional[str], keep: int, overhead: Optional[float]) -> Dict[str, str]:
+        """The variable that tells every rank where the run's state lives (``state_dir``,
+        ``keep``, ``overhead``: the run's options)."""
+        settings = {"name": self.name, "driver_node": cluster.driver_node(), "state_dir": state_dir, "keep": keep, "overhead": overhead}
         return {STATE_SETTINGS_VAR: json.dumps(settings)}
 
     def abort(self, cluster: Cluster, attempt: int) -> None:

@@ -20,8 +20,10 @@ is the keeper's word (``StateKeeper.want``, ``rules.commits.SendPlan``),
 asked at each save and read by the sender: the first rank to ask about a
 step decides for all, and the step is sent when that rank had nothing on
 its way out. Every rank sends the same steps (none waits on a commit that
-cannot come), a new step goes out as soon as the last is committed, and a
-step not sent costs its copy only until the keeper's answer. The newest
+cannot come), a new step goes out once the last is committed and the
+rank's pace allows (``rules.pacing.SendPace``: no more often than the loop
+can afford, ``state_overhead``, as measured), and a step not sent costs its
+copy only until the keeper's answer. The newest
 step, if not sent, is kept until a newer save: at a call's end (``flush``)
 or in ``wait_committed`` every rank asks for it again, and it is sent once
 all have. The rank keeps the objects of the committed step (a survivor of
@@ -54,6 +56,7 @@ from raydist.core.state_files import SHARED, SnapshotMeta, rank_key
 from raydist.pool.ray_private import wait_actor_handed_over
 from raydist.pool.records import STATE_NAMESPACE, STATE_SETTINGS_VAR
 from raydist.pool.rules.commits import store_room_warning
+from raydist.pool.rules.pacing import SendPace
 from raydist.pool.timeline import SPANS
 from raydist.pool.worker.metrics import FIGURES_HERE, state_waited
 from raydist.pool.worker.state_keeper import DURABLE, keeper_actor
@@ -130,6 +133,8 @@ class RayStateStore(StateStore):
         self._defer = True  # off once a guarded tensor was changed while being copied
         self._keeper_answers = False  # the keeper has answered: a busy rank may ask it before copying
         self._ahead: Optional[_LoadAhead] = None
+        self._pace: Tuple[int, SendPace] = (-1, SendPace(None))  # (attempt, how often it sends)
+        self._sent_since_save = False  # a step was on its way out since the last save began (the pace's measure)
 
     # -- save -------------------------------------------------------------------
 
@@ -141,19 +146,27 @@ class RayStateStore(StateStore):
         sends the same steps and a new one goes out as soon as the last is committed."""
         self.wait_copied()  # the previous step's copy is checked: its sender goes on to commit it
         self._drop_ahead()  # saved before loading: the step it read may be superseded
-        world = _world()
+        world, now = _world(), time.monotonic()
         with self._lock:
-            free = self._busy_world != world  # nothing of this attempt on its way out
-        if free and self._sending is not None and self._sending.is_alive():
+            idle = self._busy_world != world  # nothing of this attempt on its way out
+            busy, self._sent_since_save = self._sent_since_save or not idle, not idle
+        pace = self._pace_of(world)
+        pace.saved(now, busy)
+        free = idle and pace.due(now)  # (sending more often would cost the loop more than its budget)
+        if free:
+            pace.sending(now)
+        if idle and self._sending is not None and self._sending.is_alive():
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
         sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world, snapshot.world_size)
         sending.answer = self._keeper_handle(create=True).want.remote(world, snapshot.step, free)  # read by the sender
         # A big step saved while one is on its way out is seldom sent: asking costs less than its copy.
         asked = not free and self._keeper_answers and _state_bytes(snapshot) >= ASK_FIRST_BYTES
-        if asked and not _sent(sending) and self._watch(snapshot, sending):
+        watched = _watched(snapshot) if asked else None  # (while the keeper answers)
+        if watched is not None and not _sent(sending):
+            self._watch(watched, sending)
             return
         try:
-            self._copy(snapshot, sending, fresh=not free)
+            self._copy(snapshot, sending, fresh=not idle)
         except BaseException:
             self._drop(sending)  # (the object store is full, ...): no rank waits on this step's commit
             raise
@@ -162,7 +175,7 @@ class RayStateStore(StateStore):
         if not any(isinstance(part, Deferred) for part in sending.staged.values()):
             sending.copied.set()
             sending.checked.set()
-        if not free and sending.staged:  # its puts begin now: the optimizer's next step waits for them, not for the sender
+        if not idle and sending.staged:  # its puts begin now: the optimizer's next step waits for them, not for the sender
             sending.stager = threading.Thread(target=self._stage_apart, args=(sending,), daemon=True, name="raydist-state-stage")
             sending.stager.start()
         self._latest = sending
@@ -182,26 +195,25 @@ class RayStateStore(StateStore):
         if start:
             self._start_sender(world)
 
-    def _watch(self, snapshot: Snapshot, sending: "_Sending") -> bool:
+    def _watch(self, watched: Tuple[Dict[str, Deferred], Dict[str, int]], sending: "_Sending") -> None:
         """A step not sent, and not copied: its tensors watched (their versions) as the
         newest step saved, in case every rank asks for it again before the next save
-        (``_settle``). False where a part cannot be read later (a tensor on a device,
-        a subclass, no tensor at all): the step is copied then, as any other."""
-        parts: Dict[str, Any] = {}
-        for key, states, count in _parts(snapshot):
-            later = pack_later(states, _pointers(states))
-            if later is None:
-                return False
-            parts[key], sending.copies[key] = later, count
-        sending.staged = parts
+        (``_settle``)."""
+        sending.staged, sending.copies = dict(watched[0]), dict(watched[1])
         with self._lock:
             if self._unsent is not None:
                 self._forget(self._unsent)
             self._unsent = sending  # (unchecked: its tensors are read only if it is asked for)
             self._newest = sending
-        return True
+
+    def _pace_of(self, world: int) -> SendPace:
+        """This attempt's pace (a new world's steps may take another time)."""
+        if self._pace[0] != world:
+            self._pace = (world, SendPace(self._settings.get("overhead")))
+        return self._pace[1]
 
     def _start_sender(self, world: int) -> None:
+        self._sent_since_save = True  # (only the loop's thread reads or writes it)
         self._sending = threading.Thread(target=self._send_all, args=(world,), daemon=True, name="raydist-state-send")
         self._sending.start()
 
@@ -244,6 +256,7 @@ class RayStateStore(StateStore):
         """Wait until every step saved is committed or given up; where the newest one
         was not sent, ask for it once more (``StateKeeper.final``: sent once every
         rank has asked, as each does at the same point of its loop) and wait for it."""
+        self._pace[1].waited()  # (the wait is no step: it would read as the cost of a send)
         self.wait_copied()  # the sender acknowledges a step once the loop checked the optimizer's copy
         if not self._idle.wait(timeout):
             return
@@ -560,6 +573,20 @@ def _sent(sending: "_Sending") -> bool:
         return bool(ray.get(sending.answer))
     except Exception:  # noqa: BLE001 - the keeper gone (its node lost): the attempt is ending, the copy does no harm
         return True
+
+
+def _watched(snapshot: Snapshot) -> Optional[Tuple[Dict[str, Deferred], Dict[str, int]]]:
+    """The step's parts packed to be read later, if asked for (their tensors watched),
+    and the copies each needs; None where a part cannot be read later (a tensor on a
+    device, a subclass, no tensor at all): the step is copied then, as any other."""
+    parts: Dict[str, Deferred] = {}
+    copies: Dict[str, int] = {}
+    for key, states, count in _parts(snapshot):
+        later = pack_later(states, _pointers(states))
+        if later is None:
+            return None
+        parts[key], copies[key] = later, count
+    return parts, copies
 
 
 def _state_bytes(snapshot: Snapshot) -> int:

@@ -64,7 +64,7 @@ def pack_later(states: Any, guarded: AbstractSet[int]) -> Optional[Deferred]:
     arrays: List[np.ndarray] = []
     watched: List[Tuple[torch.Tensor, int]] = []
     try:
-        skeleton = copy.deepcopy(_pack(states, arrays, guarded, watched))  # plain values change too
+        skeleton = _pack(states, arrays, guarded, watched)
     except Exception:  # noqa: BLE001 - a value deepcopy cannot take, a tensor subclass: put it now
         return None
     return Deferred((skeleton, arrays), watched)
@@ -111,7 +111,9 @@ Watched = Optional[List[Tuple["torch.Tensor", int]]]
 
 
 def _pack(value: Any, arrays: List["np.ndarray"], guarded: AbstractSet[int] = frozenset(), watched: Watched = None) -> Any:
-    """``guarded``/``watched``: a guarded tensor's bytes are a view, read later; any other is copied now."""
+    """``guarded``/``watched``: a guarded tensor's bytes are a view, read later; any other
+    is copied now, and so is every plain value (training may change those too; the
+    containers and slots are new already)."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -130,11 +132,12 @@ def _pack(value: Any, arrays: List["np.ndarray"], guarded: AbstractSet[int] = fr
             return packed
         rebuilt = type(value)(packed)
         if hasattr(value, "_metadata"):  # a module's OrderedDict: versions read by load_state_dict
-            rebuilt._metadata = value._metadata  # type: ignore[attr-defined]
+            metadata = value._metadata
+            rebuilt._metadata = metadata if watched is None else copy.deepcopy(metadata)  # type: ignore[attr-defined]
         return rebuilt
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_pack(v, arrays, guarded, watched) for v in value)
-    return value  # pickled as it is, when the part is put
+    return value if watched is None else copy.deepcopy(value)  # pickled as it is when the part is put: now, or later
 
 
 def _pack_tensor(value: "torch.Tensor", arrays: List["np.ndarray"]) -> Any:

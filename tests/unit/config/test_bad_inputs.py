@@ -112,6 +112,11 @@ FIELD_ROWS: Dict[str, List[Row]] = {
         ({"state_dir": "s3://"}, ValueError, "names no bucket"),
     ],
     "state_keep": [({"state_keep": 0}, ValueError, "state_keep")],
+    "state_overhead": [
+        ({"state_overhead": 0}, ValueError, "state_overhead must be between 0 and 1"),
+        ({"state_overhead": 1.5}, ValueError, "state_overhead must be between 0 and 1"),
+        ({"state_overhead": "5%"}, TypeError, "state_overhead must be a number"),
+    ],
 }
 # Fields with no bad value at all; each needs a comment saying why. Empty: keep it so.
 FIELDS_WITHOUT_BAD_VALUE: FrozenSet[str] = frozenset()
@@ -173,6 +178,7 @@ FLAG_ROWS: Dict[str, List[Tuple[List[str], str]]] = {
     "--survivor-timeout": [(["--survivor-timeout", "0"], "--survivor-timeout")],
     "--state-dir": [(["--state-dir", __file__], "not a directory"), (["--state-dir", "nosuch://b/x"], "unknown scheme")],
     "--state-keep": [(["--state-keep", "0"], "--state-keep")],
+    "--state-overhead": [(["--state-overhead", "5%"], "a number between 0 and 1"), (["--state-overhead", "2"], "between 0 and 1")],
     "--timeline": [(["--timeline", "/no/such/dir/t.json"], "does not exist")],
     "--print-completion": [(["--print-completion", "fish"], "--print-completion")],
 }

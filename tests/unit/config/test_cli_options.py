@@ -143,6 +143,8 @@ def config_of(argv: List[str]) -> RunConfig:
             {"restart_mode": "warm", "spare_workers": 2, "survivor_timeout": 3.0},
         ),
         (["--state-dir", "ckpt", "--state-keep", "3"], {"state_dir": "ckpt", "state_keep": 3}),
+        (["--state-overhead", "0.2"], {"state_overhead": 0.2}),
+        (["--state-overhead", "None"], {"state_overhead": None}),
     ],
 )
 def test_flags_build_the_config(argv: List[str], expected: Dict[str, Any]) -> None:
