@@ -77,7 +77,7 @@ def _tensors(value: Any) -> list:
 def test_a_part_packed_for_later_reads_only_the_guarded_tensors_later_and_sees_them_change() -> None:
     model = torch.nn.Linear(4, 3)
     buffer = torch.zeros(3)  # not the optimizer's: copied when packed
-    state = {"model": model.state_dict(), "extra": buffer, "progress": {"seen": [7]}}
+    state = {"model": model.state_dict(), "extra": buffer, "progress": {"seen": [7]}, "done": {1, 2}}
     guarded = {p.untyped_storage().data_ptr() for p in model.parameters()}
     later = pack_later(state, guarded)
     assert later is not None and len(later.watched) == 2 and later.changed() == 0
@@ -85,12 +85,13 @@ def test_a_part_packed_for_later_reads_only_the_guarded_tensors_later_and_sees_t
     assert np.shares_memory(later.packed[1][weight.index], model.weight.detach().numpy())  # read later, not copied
     buffer.add_(1)
     state["progress"]["seen"].append(8)  # plain values are copied when packed too
+    state["done"].add(3)  # (a value no container rebuilds)
     assert later.changed() == 0
     with torch.no_grad():
         model.weight.add_(1)  # outside the optimizer's step: the later read would see it
     assert later.changed() == 1
     back = unpack(later.packed)
-    assert torch.equal(back["extra"], torch.zeros(3)) and back["progress"] == {"seen": [7]}
+    assert torch.equal(back["extra"], torch.zeros(3)) and back["progress"] == {"seen": [7]} and back["done"] == {1, 2}
     assert pack_later(state, set()) is None  # nothing guarded: put at once
     state["adjacency"] = torch.eye(3).to_sparse()  # no plain memory to read later: the whole part is put at once
     assert pack_later(state, guarded) is None
