@@ -134,7 +134,7 @@ class RayStateStore(StateStore):
         self._keeper_answers = False  # the keeper has answered: a busy rank may ask it before copying
         self._ahead: Optional[_LoadAhead] = None
         self._pace: Tuple[int, SendPace] = (-1, SendPace(None))  # (attempt, how often it sends)
-        self._sent_since_save = False  # a step was on its way out since the last save began (the pace's measure)
+        self._sent_since_save = False  # a step was sent since the last save began (the pace's measure; under the lock)
 
     # -- save -------------------------------------------------------------------
 
@@ -155,6 +155,8 @@ class RayStateStore(StateStore):
         free = idle and pace.due(now)  # (sending more often would cost the loop more than its budget)
         if free:
             pace.sending(now)
+            with self._lock:
+                self._sent_since_save = True  # (its copy, next, is the send's too)
         if idle and self._sending is not None and self._sending.is_alive():
             self._staging = {}  # a dead attempt's step may still read it: fresh memory
         sending = _Sending(snapshot.rank, snapshot.step, snapshot.meta.to_json(), world, snapshot.world_size)
@@ -213,7 +215,6 @@ class RayStateStore(StateStore):
         return self._pace[1]
 
     def _start_sender(self, world: int) -> None:
-        self._sent_since_save = True  # (only the loop's thread reads or writes it)
         self._sending = threading.Thread(target=self._send_all, args=(world,), daemon=True, name="raydist-state-send")
         self._sending.start()
 
@@ -340,6 +341,8 @@ class RayStateStore(StateStore):
                     return
                 sending = self._queue.popleft()
             if self._wanted(sending):
+                with self._lock:
+                    self._sent_since_save = True
                 self._send(sending)
                 continue
             with self._lock:  # not sent: kept while it is the newest step saved (a flush may ask for it)
