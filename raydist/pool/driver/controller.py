@@ -357,16 +357,18 @@ class RunController:
         _end_all(calls, told)
         return True
 
-    def _restart_fresh(self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Callable[[int], None]) -> None:
-        """Tear the attempt down and start the next one in new processes (larger,
-        for a growth); the calls end once it started (or with why it could not)."""
+    def _restart_fresh(
+        self, error: RaydistError, calls: List[WorkerFuture], waited: Waited, count: Callable[[int], None], grow_to: Optional[int] = None
+    ) -> None:
+        """Tear the attempt down and start the next one in new processes (at
+        ``grow_to``, for a growth); the calls end once it started (or with why it could not)."""
         old, holdings = self.attempt, self.holdings
         assert old is not None and holdings is not None
         self.life.move(GroupPhase.STARTING)
         old.stop_watching()
         holdings.release(graceful=False)
         old.close_output(calls[0].number if calls else None, waited.results, waited.marked_failures)
-        self._builder.restart(list(dict.fromkeys(w.node_id for w in old.workers)))  # surviving nodes keep their ranks
+        self._builder.restart(list(dict.fromkeys(w.node_id for w in old.workers)), grow_to)  # surviving nodes keep their ranks
         count(old.size)
         try:
             self._start(error)
@@ -381,13 +383,14 @@ class RunController:
         attempt = self.attempt
         if attempt is None or self.life.phase is not GroupPhase.RUNNING:
             return
-        if scale_to(attempt.size, more, self.config.worker_range, self.attempts.fresh_restarts) is None:
+        size = scale_to(attempt.size, more, self.config.worker_range, self.attempts.fresh_restarts)
+        if size is None:
             return
         logger.warning("raydist: room for %d more worker(s): restarting the world larger", more)
         calls = [self._in_flight.pop(n) for n in sorted(self._in_flight)]
         stopped = WorkerGroupStopped(f"the cluster has room for {more} more worker(s)")
         stopped.end = CallEnd.GROW
-        self._restart_fresh(stopped, calls, Waited([]), lambda old: self.attempts.scaled(stopped, more, old))
+        self._restart_fresh(stopped, calls, Waited([]), lambda old: self.attempts.scaled(stopped, more, old), size)
 
     def _hung(self, event: Hung) -> None:
         """Kill the ranks the policy names for a hang of the current world while

@@ -9,6 +9,7 @@ failure or an interrupt at any step releases all of it before it propagates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -58,6 +59,7 @@ logger = logging.getLogger("raydist")
 
 # How long a graceful shutdown waits for workers to leave the process group.
 TEARDOWN_TIMEOUT_S = 5.0
+GROW_PLACE_S = 10.0  # how long a growth waits to be placed at the size whose room it saw
 POLL_END_S = 2.0  # a run's end waits this long at most for its polls under way (each ends within a slice of its stop)
 
 
@@ -165,6 +167,7 @@ class GroupBuilder:
         self._slow_seen = slow_seen  # ... and when a straggler stays late (with straggler_action="replace")
         self._stopping = stopping  # whether the run was asked to stop: a start-up wait gives way
         self._node_order = tuple(node_order)
+        self._grow_to: Optional[int] = None  # a growth's size, for the next reservation (``restart``)
         self._master_ports: Set[int] = set()  # every attempt's MASTER_PORT: a warm restart takes a new one
         self._excluded: Set[str] = set()  # nodes that host no new rank or spare for the rest of the run
         self._excluded_lock = threading.Lock()  # the loop excludes, and so does a spare's check in the background
@@ -290,7 +293,11 @@ class GroupBuilder:
         spares = config.spare_workers
         request = placement_request(config, bundle, sizes, spares, excluded)
         asked = cluster.time()
-        pg, size = cluster.reserve(request, config.startup_timeout, self._stopping)
+        grown, self._grow_to = self._grow_to, None
+        growing = grown is not None and not request.node_layout and sizes[0] < grown <= sizes[1]
+        pg, size = self._reserve_grown(request, grown) if growing and grown is not None else (None, 0)
+        if pg is None:
+            pg, size = cluster.reserve(request, config.startup_timeout, self._stopping)
         self.timeline.span("waiting for placement", "placement", asked, cluster.time(), workers=size * request.per_bundle)
         agents = NodeAgents(cluster, cluster.driver_node())
         checked = health_mode(config.health_check, accelerator) is not None
@@ -371,10 +378,24 @@ class GroupBuilder:
         calls = [self._cluster.call(actor, "setup", spec) for actor, spec in zip(actors, specs)]
         return self._await(workers, calls, "initialised", holdings.agents)
 
-    def restart(self, node_order: Sequence[str]) -> None:
-        """For the next attempt: the node order to keep, and the backend's driver side anew."""
+    def restart(self, node_order: Sequence[str], grow_to: Optional[int] = None) -> None:
+        """For the next attempt: the node order to keep, the backend's driver side
+        anew, and for a growth the size the room was seen for (``grow_to``)."""
         self._node_order = tuple(node_order)
+        self._grow_to = grow_to
         self._hooks.stop()
+
+    def _reserve_grown(self, request: Request, size: int) -> Tuple[Any, int]:
+        """A growth's placement at the size whose room was seen, for up to
+        ``GROW_PLACE_S``: the old world's bundles just released may not show as
+        free yet, and an elastic reservation would take what shows (a smaller
+        world, grown again a moment later). (None, 0) where it does not come:
+        the elastic range then takes what fits."""
+        at_size = dataclasses.replace(request, sizes=(size + request.spares, request.sizes[1]))
+        try:
+            return self._cluster.reserve(at_size, GROW_PLACE_S, self._stopping)
+        except InfeasibleResourcesError:
+            return None, 0
 
     def _specs(
         self,

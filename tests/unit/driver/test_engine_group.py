@@ -109,6 +109,34 @@ def test_new_room_restarts_an_elastic_group_larger_not_counted() -> None:
     assert cluster.monotonic() == config.monitor_interval and cluster.leftovers() == []
 
 
+class LaggingCluster(FakeCluster):
+    """Ray's view of free resources lags a placement group's removal: one CPU of
+    the first one freed shows as taken for a second more."""
+
+    lagged = False
+
+    def free(self, reservation: Any) -> None:
+        super().free(reservation)
+        node = next((n for n in reservation.nodes.values() if n is not None), None)
+        if node is not None and not self.lagged:
+            self.lagged = True
+            shadow = self.nodes.occupy(node, {"CPU": 1})
+            self.after(1.0, lambda: self.nodes.release(shadow), "the freed bundle shows")
+
+
+def test_a_growth_waits_for_the_room_it_saw_while_the_old_world_shows_as_taken() -> None:
+    cluster = LaggingCluster({"node-a": {"CPU": 2}})
+    arrive = Fault("execute", "act", who=0, action=lambda: cluster.add_node("node-b", {"CPU": 2}))
+    cluster.faults.add(arrive, Fault("execute", "hang", who=1))
+    config = RunConfig(num_workers=(2, 4), restart_to_grow=True, max_restarts=0, flight_recorder=False)
+    values = run_call(
+        RunController(cluster, config, fresh_restarts=True), prepare_call(cluster, lambda: (current_rank(), current_attempt()))
+    )
+    # One growth to 4 (an elastic reservation would take the 3 that show, then grow again).
+    assert values == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert cluster.leftovers() == []
+
+
 def test_a_group_after_its_cluster_is_gone_says_so_and_starts_nothing() -> None:
     cluster = FakeCluster(NODES)
     group = WorkerGroup(config=RunConfig(num_workers=2, flight_recorder=False), cluster=cluster)
